@@ -1,0 +1,230 @@
+package fleetlimit
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	rate_limit [<matcher>] {
+//	    redis {
+//	        address    <host:port>
+//	        username   <user>
+//	        password   <password>
+//	        db         <n>
+//	        key_prefix <prefix>
+//	        timeout    <duration>
+//	    }
+//	    zone <name> {
+//	        key   <expr> [<expr>...]
+//	        rate  <n> <duration>
+//	        burst <n>
+//	        cost  <n|placeholder>
+//	        match { <matchers> }
+//	    }
+//	    headers ietf|legacy|both|none
+//	    log_key
+//	}
+//
+// Every mistake is reported with the file and line of the offending token.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "redis":
+			if h.Redis != nil {
+				return d.Err("redis: only one redis block is allowed")
+			}
+			h.Redis = new(RedisConfig)
+			if err := h.Redis.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+		case "zone":
+			z := new(Zone)
+			if err := z.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+			for _, other := range h.Zones {
+				if other.Name == z.Name {
+					return d.Errf("zone %q is defined twice", z.Name)
+				}
+			}
+			h.Zones = append(h.Zones, z)
+		case "headers":
+			var mode string
+			if !d.AllArgs(&mode) {
+				return d.ArgErr()
+			}
+			if _, err := parseHeaderMode(mode); err != nil {
+				return d.Errf("unknown headers mode %q (want ietf, legacy, both or none)", mode)
+			}
+			h.Headers = mode
+		case "log_key":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.LogKey = true
+		default:
+			return d.Errf("unknown subdirective %q (want redis, zone, headers or log_key)", d.Val())
+		}
+	}
+	if len(h.Zones) == 0 {
+		return d.Err("rate_limit needs at least one zone")
+	}
+	return nil
+}
+
+func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		var arg string
+		if !d.AllArgs(&arg) {
+			return d.ArgErr()
+		}
+		switch sub {
+		case "address":
+			c.Address = arg
+		case "username":
+			c.Username = arg
+		case "password":
+			c.Password = arg
+		case "db":
+			n, err := strconv.Atoi(arg)
+			if err != nil || n < 0 {
+				return d.Errf("redis db must be a non-negative integer, got %q", arg)
+			}
+			c.DB = n
+		case "key_prefix":
+			c.KeyPrefix = arg
+		case "timeout":
+			dur, err := caddy.ParseDuration(arg)
+			if err != nil || dur <= 0 {
+				return d.Errf("redis timeout must be a positive duration, got %q", arg)
+			}
+			c.Timeout = caddy.Duration(dur)
+		default:
+			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix or timeout)", sub)
+		}
+	}
+	if c.Address == "" {
+		return d.Err("redis block needs an address")
+	}
+	return nil
+}
+
+func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.Err("zone needs a name: zone <name> { ... }")
+	}
+	z.Name = d.Val()
+	if !zoneNameRE.MatchString(z.Name) {
+		return d.Errf("zone name %q must be 1 to 64 letters, digits, '_', '-' or '.'", z.Name)
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	var costLine caddyfile.Dispenser // where cost was given, for a late error
+	var costSet bool
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "key":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			for _, a := range args {
+				if strings.TrimSpace(a) == "" {
+					return d.Errf("zone %q: empty key expression", z.Name)
+				}
+			}
+			z.Key = args
+		case "rate":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
+			}
+			n, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || n <= 0 {
+				return d.Errf("zone %q: rate must be a positive integer, got %q", z.Name, args[0])
+			}
+			dur, err := caddy.ParseDuration(args[1])
+			if err != nil || dur <= 0 {
+				return d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
+			}
+			z.Rate, z.Per = n, caddy.Duration(dur)
+		case "burst":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			n, err := strconv.ParseInt(arg, 10, 64)
+			if err != nil || n <= 0 {
+				return d.Errf("zone %q: burst must be a positive integer, got %q", z.Name, arg)
+			}
+			z.Burst = n
+		case "cost":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			if !strings.Contains(arg, "{") {
+				n, err := strconv.ParseInt(arg, 10, 64)
+				if err != nil || n <= 0 {
+					return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
+				}
+			}
+			z.Cost, costSet = arg, true
+			costLine = *d
+		case "match":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return err
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		default:
+			return d.Errf("zone %q: unknown subdirective %q (want key, rate, burst, cost or match)", z.Name, d.Val())
+		}
+	}
+	if z.Rate == 0 {
+		return d.Errf("zone %q: rate is required: rate <n> <duration>", z.Name)
+	}
+	burst := z.Burst
+	if burst == 0 {
+		burst = z.Rate
+	}
+	if costSet && !strings.Contains(z.Cost, "{") {
+		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > burst {
+			return costLine.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, burst)
+		}
+	}
+	return nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,93 @@
+package fleetlimit
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// headerMode selects the rate limit header fields written on responses.
+type headerMode uint8
+
+const (
+	headersBoth headerMode = iota
+	headersIETF
+	headersLegacy
+	headersNone
+)
+
+// The header field names, in canonical form so they can be set directly.
+const (
+	hdrPolicy          = "Ratelimit-Policy"
+	hdrRateLimit       = "Ratelimit"
+	hdrLegacyLimit     = "X-Ratelimit-Limit"
+	hdrLegacyRemaining = "X-Ratelimit-Remaining"
+	hdrLegacyReset     = "X-Ratelimit-Reset"
+)
+
+func parseHeaderMode(s string) (headerMode, error) {
+	switch s {
+	case "", "both":
+		return headersBoth, nil
+	case "ietf":
+		return headersIETF, nil
+	case "legacy":
+		return headersLegacy, nil
+	case "none":
+		return headersNone, nil
+	}
+	return 0, fmt.Errorf("rate_limit: unknown headers mode %q (want ietf, legacy, both or none)", s)
+}
+
+// write sets the header fields for the zones that decided a request.
+//
+// IETF (draft-ietf-httpapi-ratelimit-headers-10): RateLimit-Policy lists
+// each zone as `"name";q=<rate>;w=<period in seconds>`, and RateLimit as
+// `"name";r=<remaining>;t=<seconds until the bucket is full>`. Legacy: the
+// X-RateLimit-* fields report the zone with the least remaining. policy is
+// the precomputed RateLimit-Policy value when every zone decided, else "".
+func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result, policy string) {
+	if m == headersNone {
+		return
+	}
+	var buf [256]byte
+	if m == headersBoth || m == headersIETF {
+		if policy == "" {
+			b := buf[:0]
+			for i, z := range zones {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = append(b, z.policy...)
+			}
+			policy = string(b)
+		}
+		h[hdrPolicy] = []string{policy}
+		b := buf[:0]
+		for i, z := range zones {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, '"')
+			b = append(b, z.Name...)
+			b = append(b, `";r=`...)
+			b = strconv.AppendInt(b, results[i].Remaining, 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, retryAfterSeconds(results[i].ResetAfter), 10)
+		}
+		h[hdrRateLimit] = []string{string(b)}
+	}
+	if m == headersBoth || m == headersLegacy {
+		least := 0
+		for i := range results {
+			if results[i].Remaining < results[least].Remaining {
+				least = i
+			}
+		}
+		h[hdrLegacyLimit] = []string{strconv.FormatInt(zones[least].rule.Rate, 10)}
+		h[hdrLegacyRemaining] = []string{strconv.FormatInt(results[least].Remaining, 10)}
+		h[hdrLegacyReset] = []string{strconv.FormatInt(retryAfterSeconds(results[least].ResetAfter), 10)}
+	}
+}

@@ -1,0 +1,114 @@
+package limiter
+
+import "time"
+
+// State is a token bucket as it is stored, in Redis and in memory: one
+// integer, so that Redis keeps it in its smallest encoding. It is the
+// bucket's theoretical arrival time (the moment it will be full again, GCRA
+// style) in microseconds times 1000, plus the sub-microsecond remainder in
+// ticks of the rule (below 1000). The zero State is a full bucket, and so is
+// any State whose time has passed: a bucket that is full needs no storage.
+type State int64
+
+// Parts splits a state into its whole microseconds and remaining ticks.
+func (s State) Parts() (us, ticks int64) {
+	return int64(s) / fracScale, int64(s) % fracScale
+}
+
+// FullAt returns the microsecond at or after which the bucket is full.
+func (s State) FullAt() int64 {
+	us, ticks := s.Parts()
+	if ticks > 0 {
+		us++
+	}
+	return us
+}
+
+// verdict is one zone's answer before the request as a whole is decided.
+type verdict struct {
+	debt  int64 // ticks owed at now, before this request: 0 (full) to Capacity (empty)
+	after int64 // debt if the request is charged
+	ok    bool  // the zone would admit the request
+	never bool  // the cost exceeds the bucket: no wait makes it admissible
+}
+
+// check evaluates a request of cost tokens against state s at microsecond
+// now. It changes nothing.
+func (r *Rule) check(s State, now, cost int64) verdict {
+	d := r.debt(s, now)
+	if cost > r.Burst {
+		return verdict{debt: d, after: d, never: true}
+	}
+	after := d + cost*r.Interval
+	return verdict{debt: d, after: after, ok: after <= r.Capacity}
+}
+
+// debt returns how many ticks the bucket in state s owes at microsecond now,
+// clamped to the rule's capacity (a bucket written under a stricter rule may
+// owe more than this rule's capacity: it is then simply empty).
+func (r *Rule) debt(s State, now int64) int64 {
+	us, ticks := s.Parts()
+	if ticks >= r.Denom { // written under a rule with a finer tick
+		us += ticks / r.Denom
+		ticks %= r.Denom
+	}
+	if us < now || (us == now && ticks == 0) {
+		return 0
+	}
+	if us-now > r.Capacity/r.Denom {
+		return r.Capacity
+	}
+	return min((us-now)*r.Denom+ticks, r.Capacity)
+}
+
+// stateAt encodes a debt of after ticks at microsecond now.
+func (r *Rule) stateAt(now, after int64) State {
+	return State((now+after/r.Denom)*fracScale + after%r.Denom)
+}
+
+// ttl returns how long a stored state of after ticks must live: until the
+// bucket is full again, rounded up to the millisecond.
+func (r *Rule) ttl(after int64) time.Duration {
+	return time.Duration(ceilDiv(after, r.Denom*1000)) * time.Millisecond
+}
+
+// result turns a verdict into the zone's Result. charged says whether the
+// request was admitted by every zone and so charged to this one.
+func (r *Rule) result(v verdict, charged bool) Result {
+	switch {
+	case charged:
+		return Result{
+			Allowed:    true,
+			Remaining:  (r.Capacity - v.after) / r.Interval,
+			ResetAfter: r.micros(v.after),
+		}
+	case v.ok:
+		return Result{
+			Allowed:    true,
+			Remaining:  (r.Capacity - v.debt) / r.Interval,
+			ResetAfter: r.micros(v.debt),
+		}
+	case v.never:
+		return Result{
+			Remaining:  (r.Capacity - v.debt) / r.Interval,
+			RetryAfter: Never,
+			ResetAfter: r.micros(v.debt),
+		}
+	default:
+		return Result{
+			Remaining:  (r.Capacity - v.debt) / r.Interval,
+			RetryAfter: r.micros(v.after - r.Capacity),
+			ResetAfter: r.micros(v.debt),
+		}
+	}
+}
+
+// micros converts ticks to a duration, rounded up to the microsecond so that
+// a client told to wait that long is never early.
+func (r *Rule) micros(ticks int64) time.Duration {
+	return time.Duration(ceilDiv(ticks, r.Denom)) * time.Microsecond
+}
+
+func ceilDiv(a, b int64) int64 {
+	return (a + b - 1) / b
+}

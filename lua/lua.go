@@ -1,0 +1,11 @@
+// Package lua holds the Redis scripts that decide rate limits, one file per
+// algorithm, embedded into the binary.
+package lua
+
+import _ "embed"
+
+// TokenBucket decides one request against the token buckets of all its
+// zones atomically; see token_bucket.lua for its keys, arguments and reply.
+//
+//go:embed token_bucket.lua
+var TokenBucket string

@@ -1,0 +1,469 @@
+// Package fleetlimit is a Caddy HTTP handler, rate_limit, that gives a whole
+// fleet of Caddy nodes one global rate limit per client: every decision is
+// one atomic Lua script in a shared Redis (or, with no Redis configured, the
+// same arithmetic in process memory). The limiter itself lives in package
+// limiter; this package is the Caddy glue.
+package fleetlimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler limits the rate of requests per client, in one or more zones. A
+// request passes only if every zone that applies to it admits it, and a
+// request denied by any zone is charged to none. With a Redis store every
+// Caddy node that points at the same Redis shares one bucket per client and
+// zone, so a client gets the limit once across the fleet.
+//
+// Denied requests get status 429 as a handler error, so `handle_errors` can
+// shape the response; the placeholder `{http.rate_limit.exceeded.name}`
+// names the zone that denied. Every response a zone decided carries the
+// IETF `RateLimit-Policy` and `RateLimit` fields and/or the legacy
+// `X-RateLimit-*` fields, and a denial carries `Retry-After`.
+type Handler struct {
+	// Redis shares the buckets through a Redis server. Without it the
+	// buckets live in this process's memory (one node's limit).
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Zones are the limits, decided in this order. At least one is
+	// required.
+	Zones []*Zone `json:"zones,omitempty"`
+
+	// Headers chooses the rate limit header fields on responses: `ietf`
+	// (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers),
+	// `legacy` (X-RateLimit-Limit, -Remaining, -Reset), `both` or `none`.
+	// Default: `both`.
+	Headers string `json:"headers,omitempty"`
+
+	// LogKey writes client keys into logs as they are. By default logs
+	// carry only a one-way digest of the key, since keys are often API
+	// keys or user ids.
+	LogKey bool `json:"log_key,omitempty"`
+
+	headers  headerMode
+	limiter  *limiter.Limiter
+	poolKey  string
+	logger   *zap.Logger
+	anyMatch bool // some zone has matchers
+	policy   string
+}
+
+// RedisConfig connects the handler to Redis. Handlers with the same
+// connection settings share one client, which survives config reloads.
+type RedisConfig struct {
+	// Address is the server's host:port.
+	Address string `json:"address,omitempty"`
+	// Username is the ACL user; {env.*} placeholders are expanded.
+	Username string `json:"username,omitempty"`
+	// Password authenticates; {env.*} placeholders are expanded. It is
+	// never logged.
+	Password string `json:"password,omitempty"`
+	// DB is the database number. Default: 0.
+	DB int `json:"db,omitempty"`
+	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// Timeout bounds each decision; when it runs out the request passes
+	// (fails open). Default: 25ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+}
+
+// Zone is one limit: a token bucket per client key.
+type Zone struct {
+	// Name identifies the zone in headers, placeholders and logs, and is
+	// part of every bucket's key: zones of the same name share buckets.
+	// Letters, digits, `_`, `-` and `.`, at most 64 characters.
+	Name string `json:"name"`
+
+	// Key lists placeholder expressions; the client key is the first one
+	// that is not empty. Default: `{http.vars.client_ip}`. Keys longer
+	// than 64 bytes or with unusual characters are hashed (SHA-256), so
+	// client input cannot grow the store or break a key. When every
+	// expression is empty, all such requests share one bucket.
+	Key []string `json:"key,omitempty"`
+
+	// Rate is how many tokens are refilled every Per. Required.
+	Rate int64 `json:"rate"`
+
+	// Per is the refill period of Rate tokens. Required.
+	Per caddy.Duration `json:"per"`
+
+	// Burst is the bucket's capacity, the most a client can spend at
+	// once. Default: Rate.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Cost is how many tokens a request takes: an integer, or a
+	// placeholder expression that yields one (a request for which it is
+	// not a non-negative integer gets status 400). Default: 1.
+	Cost string `json:"cost,omitempty"`
+
+	// MatcherSetsRaw limits the zone to matching requests. Default: all
+	// requests that reach the handler.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	rule       *limiter.Rule
+	matchers   caddyhttp.MatcherSets
+	keys       []keyExpr
+	cost       int64  // the static cost, when costExpr is empty
+	costExpr   string // placeholder expression of a dynamic cost
+	policy     string // this zone's RateLimit-Policy list member
+	errDenied  error
+	errNever   error
+	errBadCost error
+}
+
+// defaultKey is the key of a zone that names none: the client's IP address
+// (as Caddy determines it, honouring trusted_proxies).
+const defaultKey = "{http.vars.client_ip}"
+
+// exceededPlaceholder names the zone that denied a request.
+const exceededPlaceholder = "http.rate_limit.exceeded.name"
+
+var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets up the zones and the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	mode, err := parseHeaderMode(h.Headers)
+	if err != nil {
+		return err
+	}
+	h.headers = mode
+	if len(h.Zones) == 0 {
+		return errors.New("rate_limit: at least one zone is required")
+	}
+	seen := make(map[string]bool, len(h.Zones))
+	policies := make([]string, 0, len(h.Zones))
+	for i, z := range h.Zones {
+		if z == nil {
+			return fmt.Errorf("rate_limit: zone %d is empty", i)
+		}
+		if seen[z.Name] {
+			return fmt.Errorf("rate_limit: duplicate zone name %q", z.Name)
+		}
+		seen[z.Name] = true
+		if err := z.provision(ctx); err != nil {
+			return fmt.Errorf("rate_limit: zone %q: %w", z.Name, err)
+		}
+		h.anyMatch = h.anyMatch || len(z.matchers) > 0
+		policies = append(policies, z.policy)
+	}
+	h.policy = strings.Join(policies, ", ")
+
+	store, key, err := h.provisionStore()
+	if err != nil {
+		return err
+	}
+	h.poolKey = key
+	h.limiter = limiter.New(store, h.logger)
+	return nil
+}
+
+func (z *Zone) provision(ctx caddy.Context) error {
+	if !zoneNameRE.MatchString(z.Name) {
+		return errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'")
+	}
+	rule, err := limiter.NewRule(z.Name, z.Rate, time.Duration(z.Per), z.Burst)
+	if err != nil {
+		return err
+	}
+	z.rule = rule
+
+	exprs := z.Key
+	if len(exprs) == 0 {
+		exprs = []string{defaultKey}
+	}
+	z.keys = make([]keyExpr, 0, len(exprs))
+	for _, e := range exprs {
+		if e == "" {
+			return errors.New("key expressions must not be empty")
+		}
+		z.keys = append(z.keys, newKeyExpr(e))
+	}
+
+	switch c := strings.TrimSpace(z.Cost); {
+	case c == "":
+		z.cost = 1
+	case strings.Contains(c, "{"):
+		z.costExpr = c
+	default:
+		n, err := strconv.ParseInt(c, 10, 64)
+		if err != nil || n < 0 {
+			return fmt.Errorf("cost %q is neither a non-negative integer nor a placeholder", c)
+		}
+		if n > rule.Burst {
+			return fmt.Errorf("cost %d exceeds burst %d: no request could ever pass", n, rule.Burst)
+		}
+		z.cost = n
+	}
+
+	if z.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+		if err != nil {
+			return fmt.Errorf("loading matchers: %w", err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return err
+		}
+	}
+
+	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate, 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
+	z.errDenied = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
+	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
+	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
+	return nil
+}
+
+// provisionStore returns the shared store for this configuration, creating
+// it on first use, and the pool key to release it with.
+func (h *Handler) provisionStore() (limiter.Store, string, error) {
+	if h.Redis == nil {
+		v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+			return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
+		})
+		if err != nil {
+			return nil, "", err
+		}
+		return v.(memoryStore).MemoryStore, memoryPoolKey, nil
+	}
+	opt, err := h.Redis.options()
+	if err != nil {
+		return nil, "", err
+	}
+	key := opt.poolKey()
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s, err := limiter.NewRedisStore(opt.RedisOptions)
+		if err != nil {
+			return nil, err
+		}
+		return redisStore{s}, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("rate_limit: redis: %w", err)
+	}
+	return v.(redisStore).RedisStore, key, nil
+}
+
+// Validate checks the configuration after provisioning.
+func (h *Handler) Validate() error {
+	if h.limiter == nil {
+		return errors.New("rate_limit: not provisioned")
+	}
+	return nil
+}
+
+// Cleanup releases the store; the last handler using it closes it.
+func (h *Handler) Cleanup() error {
+	if h.poolKey == "" {
+		return nil
+	}
+	_, err := stores.Delete(h.poolKey)
+	return err
+}
+
+// maxInlineZones is how many zones a request can have without the handler
+// allocating its scratch space.
+const maxInlineZones = 8
+
+// ServeHTTP decides the request against every zone that applies to it.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	var (
+		reqBuf  [maxInlineZones]limiter.Request
+		resBuf  [maxInlineZones]limiter.Result
+		zoneBuf [maxInlineZones]*Zone
+	)
+	reqs, zones := reqBuf[:0], zoneBuf[:0]
+	for _, z := range h.Zones {
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		cost, ok := z.costOf(repl)
+		if !ok {
+			return caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
+		}
+		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(repl), Cost: cost})
+		zones = append(zones, z)
+	}
+	if len(reqs) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	results := resBuf[:]
+	if len(reqs) > len(results) {
+		results = make([]limiter.Result, len(reqs))
+	}
+	results = results[:len(reqs)]
+
+	outcome := h.limiter.Decide(r.Context(), reqs, results)
+	if outcome == limiter.FailedOpen {
+		return next.ServeHTTP(w, r)
+	}
+	policy := h.policy
+	if len(zones) != len(h.Zones) {
+		policy = ""
+	}
+	h.headers.write(w.Header(), zones, results, policy)
+	if outcome == limiter.Admitted {
+		return next.ServeHTTP(w, r)
+	}
+	return h.deny(w, repl, reqs, zones, results)
+}
+
+// deny answers a request that a zone denied: Retry-After for the latest
+// moment any denying zone can admit it, the exceeded placeholder, and a 429
+// handler error.
+func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limiter.Request, zones []*Zone, results []limiter.Result) error {
+	var first *Zone
+	var retry time.Duration
+	never := false
+	for i, res := range results {
+		if res.Allowed {
+			continue
+		}
+		if first == nil {
+			first = zones[i]
+		}
+		if res.RetryAfter == limiter.Never {
+			never = true
+			first = zones[i]
+		}
+		retry = max(retry, res.RetryAfter)
+		if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
+			ce.Write(zap.String("zone", zones[i].Name), h.keyField(reqs[i].Key),
+				zap.Int64("cost", reqs[i].Cost), zap.Duration("retry_after", res.RetryAfter))
+		}
+	}
+	repl.Set(exceededPlaceholder, first.Name)
+	if never {
+		return caddyhttp.Error(http.StatusTooManyRequests, first.errNever)
+	}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(retry), 10)}
+	return caddyhttp.Error(http.StatusTooManyRequests, first.errDenied)
+}
+
+// retryAfterSeconds rounds a wait up to whole seconds, so that a client that
+// obeys Retry-After is never early.
+func retryAfterSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func (h *Handler) keyField(key string) zap.Field {
+	if h.LogKey {
+		return zap.String("key", key)
+	}
+	return zap.String("key_digest", limiter.KeyDigest(key))
+}
+
+// keyOf returns the zone's bounded client key for a request.
+func (z *Zone) keyOf(repl *caddy.Replacer) string {
+	for _, k := range z.keys {
+		if v := k.eval(repl); v != "" {
+			return limiter.ClientKey(v)
+		}
+	}
+	return ""
+}
+
+// costOf returns the request's cost in this zone; false when a dynamic cost
+// is not a non-negative integer.
+func (z *Zone) costOf(repl *caddy.Replacer) (int64, bool) {
+	if z.costExpr == "" {
+		return z.cost, true
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(repl.ReplaceKnown(z.costExpr, "")), 10, 64)
+	return n, err == nil && n >= 0
+}
+
+// redisOptions are the resolved connection settings of a RedisConfig.
+type redisOptions struct {
+	limiter.RedisOptions
+}
+
+func (c *RedisConfig) options() (redisOptions, error) {
+	repl := caddy.NewReplacer()
+	o := redisOptions{limiter.RedisOptions{
+		Address:   repl.ReplaceKnown(c.Address, ""),
+		Username:  repl.ReplaceKnown(c.Username, ""),
+		Password:  repl.ReplaceKnown(c.Password, ""),
+		DB:        c.DB,
+		KeyPrefix: c.KeyPrefix,
+		Timeout:   time.Duration(c.Timeout),
+	}}
+	if o.Address == "" {
+		return o, errors.New("rate_limit: redis: address is required")
+	}
+	if o.DB < 0 {
+		return o, errors.New("rate_limit: redis: db must not be negative")
+	}
+	if o.Timeout < 0 {
+		return o, errors.New("rate_limit: redis: timeout must not be negative")
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "rl:"
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 25 * time.Millisecond
+	}
+	return o, nil
+}
+
+// poolKey identifies a connection configuration without revealing its
+// secrets.
+func (o redisOptions) poolKey() string {
+	b, _ := json.Marshal([]any{o.Address, o.Username, o.Password, o.DB, o.KeyPrefix, o.Timeout})
+	sum := sha256.Sum256(b)
+	return "redis:" + hex.EncodeToString(sum[:])
+}
+
+// stores holds the stores shared by handlers across config reloads.
+var stores = caddy.NewUsagePool()
+
+const memoryPoolKey = "memory"
+
+type memoryStore struct{ *limiter.MemoryStore }
+
+func (s memoryStore) Destruct() error { return s.Close() }
+
+type redisStore struct{ *limiter.RedisStore }
+
+func (s redisStore) Destruct() error { return s.Close() }
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
