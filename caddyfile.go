@@ -46,6 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // Every mistake is reported with the file and line of the offending token.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
+	start := *d // where the directive is, for errors about what it lacks
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -60,13 +61,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "zone":
+			at := *d
 			z := new(Zone)
 			if err := z.unmarshalCaddyfile(d); err != nil {
 				return err
 			}
 			for _, other := range h.Zones {
 				if other.Name == z.Name {
-					return d.Errf("zone %q is defined twice", z.Name)
+					return at.Errf("zone %q is defined twice", z.Name)
 				}
 			}
 			h.Zones = append(h.Zones, z)
@@ -89,12 +91,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if len(h.Zones) == 0 {
-		return d.Err("rate_limit needs at least one zone")
+		return start.Err("rate_limit needs at least one zone")
 	}
 	return nil
 }
 
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	start := *d
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -102,6 +105,10 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		sub := d.Val()
 		var arg string
 		if !d.AllArgs(&arg) {
+			if sub == "password" {
+				// ArgErr would quote the password.
+				return d.Err("redis password takes one argument (quote it if it has spaces)")
+			}
 			return d.ArgErr()
 		}
 		switch sub {
@@ -130,12 +137,13 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if c.Address == "" {
-		return d.Err("redis block needs an address")
+		return start.Err("redis block needs an address")
 	}
 	return nil
 }
 
 func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	start := *d
 	if !d.NextArg() {
 		return d.Err("zone needs a name: zone <name> { ... }")
 	}
@@ -212,7 +220,7 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if z.Rate == 0 {
-		return d.Errf("zone %q: rate is required: rate <n> <duration>", z.Name)
+		return start.Errf("zone %q: rate is required: rate <n> <duration>", z.Name)
 	}
 	burst := z.Burst
 	if burst == 0 {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,8 @@ type Server struct {
 	Addr string
 	// Port is the port of Addr.
 	Port int
+	// Password is the value of a "--requirepass" argument, used by Do.
+	Password string
 
 	t    testing.TB
 	args []string
@@ -40,6 +43,11 @@ func Start(t testing.TB, extra ...string) *Server {
 		t.Fatalf("redis-server is required by this test and is not on PATH (install it: apt-get install redis-server): %v", err)
 	}
 	s := &Server{t: t, Port: FreePort(t), dir: t.TempDir(), args: extra}
+	for i, a := range extra {
+		if a == "--requirepass" && i+1 < len(extra) {
+			s.Password = extra[i+1]
+		}
+	}
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
 	s.start()
 	t.Cleanup(s.Stop)
@@ -54,7 +62,13 @@ func (s *Server) start() {
 		"--daemonize", "no", "--loglevel", "warning",
 	}, s.args...)
 	s.cmd = exec.Command("redis-server", args...)
-	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
+	logPath := filepath.Join(s.dir, "redis.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer logFile.Close()
+	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("starting redis-server: %v", err)
 	}
@@ -64,7 +78,8 @@ func (s *Server) start() {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s did not answer PING within 10s", s.Addr)
+			out, _ := os.ReadFile(logPath)
+			s.t.Fatalf("redis-server on %s did not answer PING within 10s; its log:\n%s", s.Addr, out)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -99,15 +114,29 @@ func (s *Server) Do(args ...string) (string, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(conn)
+	if s.Password != "" {
+		if err := writeCommand(conn, "AUTH", s.Password); err != nil {
+			return "", err
+		}
+		if _, err := readReply(r); err != nil {
+			return "", fmt.Errorf("AUTH: %w", err)
+		}
+	}
+	if err := writeCommand(conn, args...); err != nil {
+		return "", err
+	}
+	return readReply(r)
+}
+
+func writeCommand(w io.Writer, args ...string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
-	if _, err := conn.Write([]byte(b.String())); err != nil {
-		return "", err
-	}
-	return readReply(bufio.NewReader(conn))
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 // MustDo is Do that fails the test on error.
@@ -166,15 +195,34 @@ func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
 // Resume continues a paused server (SIGCONT).
 func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 
-// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
+// handedOut remembers the ports FreePort returned, so that this process
+// never hands out one port twice (the kernel may offer a port again as soon
+// as the probe's listener is closed, before its user has bound it).
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago and
+// that no earlier call in this process returned.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port found")
+	return 0
 }
 
 // Dir is the server's working directory.

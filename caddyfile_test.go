@@ -1,0 +1,848 @@
+package fleetlimit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	// The standard modules: the http app, matchers, basic_auth, respond...
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	fleetlimit "github.com/fleetlimit/caddy-fleetlimit"
+)
+
+// Regenerate the golden files' JSON with
+//
+//	go test -run TestCaddyfileAdapt -update-caddytest .
+//
+// and read the diff before committing it.
+var updateCaddytest = flag.Bool("update-caddytest", false, "rewrite the expected JSON of testdata/caddyfile/*.caddytest")
+
+const goldenDir = "testdata/caddyfile"
+
+// goldenSeparator is the line between a golden file's Caddyfile and its JSON.
+const goldenSeparator = "\n----------\n"
+
+// secret is a Redis password that no error message may ever show.
+const secret = "hunter2-Zq9"
+
+// TestCaddyfileAdapt adapts every testdata/caddyfile/*.caddytest file and
+// compares the result with the JSON below its `----------` line. The files
+// double as the directive's reference: one per form. Every rate_limit handler
+// of the result must also provision, so the examples are valid at run time
+// too, not only well formed.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(goldenDir, "*.caddytest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatalf("no golden files in %s", goldenDir)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".caddytest"), func(t *testing.T) {
+			caddyfile, expected := readGolden(t, file)
+			if *updateCaddytest {
+				expected = writeGolden(t, file, caddyfile)
+			}
+			if !caddytest.CompareAdapt(t, file, caddyfile, "caddyfile", expected) {
+				t.Errorf("%s: the adapted JSON differs from the expected JSON (diff above)", file)
+			}
+
+			out, warnings, err := adaptCaddyfile(caddyfile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range warnings {
+				t.Errorf("%s:%d: warning: %s", file, w.Line, w.Message)
+			}
+			handlers := rateLimitHandlers(t, out)
+			if len(handlers) == 0 {
+				t.Fatal("the adapted config has no rate_limit handler")
+			}
+			for i, raw := range handlers {
+				if err := provisionHandler(raw); err != nil {
+					t.Errorf("rate_limit handler %d does not provision: %v\n%s", i, err, raw)
+				}
+			}
+		})
+	}
+}
+
+// TestCaddyfileExample keeps the repository's example adaptable.
+func TestCaddyfileExample(t *testing.T) {
+	body, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := adaptCaddyfile(string(body))
+	if err != nil {
+		t.Fatalf("Caddyfile.example: %v", err)
+	}
+	for i, raw := range rateLimitHandlers(t, out) {
+		if err := provisionHandler(raw); err != nil {
+			t.Errorf("Caddyfile.example: rate_limit handler %d does not provision: %v", i, err)
+		}
+	}
+}
+
+// badCaddyfiles are Caddyfile mistakes. Each must fail adaptation with an
+// error naming the line of the mistake and saying what is wrong.
+var badCaddyfiles = []struct {
+	name      string
+	caddyfile string
+	line      int    // the line the error must name
+	phrase    string // a phrase the error must contain
+}{
+	// Unknown subdirectives.
+	{"unknown top level", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		limit 10
+	}
+}`, 6, `unknown subdirective "limit"`},
+	{"unknown in zone", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			brust 20
+		}
+	}
+}`, 5, `unknown subdirective "brust"`},
+	{"unknown in redis", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			host 127.0.0.1
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `unknown redis subdirective "host"`},
+
+	// Missing arguments.
+	{"zone without name", `:80 {
+	rate_limit {
+		zone {
+			rate 10 1s
+		}
+	}
+}`, 3, "zone needs a name"},
+	{"rate with one argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10
+		}
+	}
+}`, 4, "rate needs two arguments"},
+	{"rate with three arguments", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 per 1s
+		}
+	}
+}`, 4, "rate needs two arguments"},
+	{"burst without argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst
+		}
+	}
+}`, 5, "wrong argument count"},
+	{"cost without argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost
+		}
+	}
+}`, 5, "wrong argument count"},
+	{"key without argument", `:80 {
+	rate_limit {
+		zone api {
+			key
+			rate 10 1s
+		}
+	}
+}`, 4, "wrong argument count"},
+	{"headers without argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		headers
+	}
+}`, 6, "wrong argument count"},
+	{"redis address without argument", `:80 {
+	rate_limit {
+		redis {
+			address
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 4, "wrong argument count"},
+
+	// Extra arguments.
+	{"burst with two arguments", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst 5 6
+		}
+	}
+}`, 5, "wrong argument count"},
+	{"log_key with an argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		log_key x
+	}
+}`, 6, "wrong argument count"},
+	{"zone with two names", `:80 {
+	rate_limit {
+		zone a b {
+			rate 10 1s
+		}
+	}
+}`, 3, "wrong argument count"},
+	{"headers with two modes", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		headers ietf legacy
+	}
+}`, 6, "wrong argument count"},
+	{"directive with an argument", `:80 {
+	rate_limit api {
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 2, "wrong argument count"},
+	{"redis with an argument", `:80 {
+	rate_limit {
+		redis 127.0.0.1:6379 {
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 3, "wrong argument count"},
+	{"match with an argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			match POST {
+				path /x
+			}
+		}
+	}
+}`, 5, "wrong argument count"},
+
+	// Numbers.
+	{"rate not a number", `:80 {
+	rate_limit {
+		zone api {
+			rate ten 1s
+		}
+	}
+}`, 4, `rate must be a positive integer, got "ten"`},
+	{"rate zero", `:80 {
+	rate_limit {
+		zone api {
+			rate 0 1s
+		}
+	}
+}`, 4, `rate must be a positive integer, got "0"`},
+	{"rate negative", `:80 {
+	rate_limit {
+		zone api {
+			rate -5 1s
+		}
+	}
+}`, 4, `rate must be a positive integer, got "-5"`},
+	{"rate fractional", `:80 {
+	rate_limit {
+		zone api {
+			rate 1.5 1s
+		}
+	}
+}`, 4, `rate must be a positive integer, got "1.5"`},
+	{"burst not a number", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst lots
+		}
+	}
+}`, 5, `burst must be a positive integer, got "lots"`},
+	{"burst zero", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst 0
+		}
+	}
+}`, 5, `burst must be a positive integer, got "0"`},
+	{"burst negative", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst -1
+		}
+	}
+}`, 5, `burst must be a positive integer, got "-1"`},
+	{"cost not a number", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost two
+		}
+	}
+}`, 5, `cost must be a positive integer or a placeholder, got "two"`},
+	{"cost zero", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost 0
+		}
+	}
+}`, 5, `cost must be a positive integer or a placeholder, got "0"`},
+	{"cost negative", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost -3
+		}
+	}
+}`, 5, `cost must be a positive integer or a placeholder, got "-3"`},
+	{"cost above explicit burst", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			burst 20
+			cost 21
+		}
+	}
+}`, 6, "cost 21 exceeds burst 20"},
+	{"cost above explicit burst given later", `:80 {
+	rate_limit {
+		zone api {
+			cost 21
+			rate 10 1s
+			burst 20
+		}
+	}
+}`, 4, "cost 21 exceeds burst 20"},
+	{"cost above default burst", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost 11
+		}
+	}
+}`, 5, "cost 11 exceeds burst 10"},
+	{"redis db not a number", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			db one
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis db must be a non-negative integer, got "one"`},
+	{"redis db negative", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			db -1
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis db must be a non-negative integer, got "-1"`},
+
+	// Durations.
+	{"rate period not a duration", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 second
+		}
+	}
+}`, 4, `rate period must be a positive duration, got "second"`},
+	{"rate period zero", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 0s
+		}
+	}
+}`, 4, `rate period must be a positive duration, got "0s"`},
+	{"rate period negative", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 -1s
+		}
+	}
+}`, 4, `rate period must be a positive duration, got "-1s"`},
+	{"redis timeout not a duration", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			timeout soon
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis timeout must be a positive duration, got "soon"`},
+	{"redis timeout zero", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			timeout 0
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis timeout must be a positive duration, got "0"`},
+
+	// Names, modes and keys.
+	{"duplicate zone name", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		zone api {
+			rate 100 1m
+		}
+	}
+}`, 6, `zone "api" is defined twice`},
+	{"zone name with a space", `:80 {
+	rate_limit {
+		zone "my zone" {
+			rate 10 1s
+		}
+	}
+}`, 3, `zone name "my zone" must be 1 to 64 letters`},
+	{"zone name with a brace", `:80 {
+	rate_limit {
+		zone a}b {
+			rate 10 1s
+		}
+	}
+}`, 3, `zone name "a}b" must be 1 to 64 letters`},
+	{"zone name too long", `:80 {
+	rate_limit {
+		zone ` + strings.Repeat("z", 65) + ` {
+			rate 10 1s
+		}
+	}
+}`, 3, "must be 1 to 64 letters"},
+	{"unknown headers mode", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		headers draft
+	}
+}`, 6, `unknown headers mode "draft" (want ietf, legacy, both or none)`},
+	{"empty key", `:80 {
+	rate_limit {
+		zone api {
+			key ""
+			rate 10 1s
+		}
+	}
+}`, 4, "empty key expression"},
+	{"empty key after a good one", `:80 {
+	rate_limit {
+		zone api {
+			key {client_ip} ""
+			rate 10 1s
+		}
+	}
+}`, 4, "empty key expression"},
+
+	// Missing parts.
+	{"zone without rate", `:80 {
+	rate_limit {
+		zone api {
+			burst 10
+		}
+	}
+}`, 3, `zone "api": rate is required`},
+	{"zone without block", `:80 {
+	rate_limit {
+		zone api
+	}
+}`, 3, `zone "api": rate is required`},
+	{"no zone", `:80 {
+	rate_limit {
+		headers ietf
+	}
+}`, 2, "rate_limit needs at least one zone"},
+	{"no block", `:80 {
+	rate_limit
+}`, 2, "rate_limit needs at least one zone"},
+	{"redis without address", `:80 {
+	rate_limit {
+		redis {
+			db 1
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 3, "redis block needs an address"},
+	{"two redis blocks", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+		}
+		redis {
+			address 127.0.0.1:6380
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 6, "only one redis block"},
+	{"unknown matcher in zone", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			match {
+				verb POST
+			}
+		}
+	}
+}`, 7, "module not registered: http.matchers.verb"}, // Caddy's matcher parser names the closing brace
+
+	// Secrets stay out of errors, whatever the mistake next to them.
+	{"password with two arguments", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			password ` + secret + ` ` + secret + `
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, "redis password takes one argument"},
+	{"mistake after a password", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			username admin
+			password ` + secret + `
+			db x
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 7, "redis db must be"},
+}
+
+// caddyfileLineRE finds the Caddyfile position in an error.
+var caddyfileLineRE = regexp.MustCompile(`\bCaddyfile:(\d+)\b`)
+
+func TestCaddyfileBadInput(t *testing.T) {
+	for _, tc := range badCaddyfiles {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out, _, err := adaptCaddyfile(tc.caddyfile)
+			if err == nil {
+				t.Fatalf("adapted without error:\n%s", out)
+			}
+			msg := err.Error()
+			want := "Caddyfile:" + strconv.Itoa(tc.line)
+			m := caddyfileLineRE.FindAllStringSubmatch(msg, -1)
+			if len(m) != 1 || m[0][0] != want {
+				t.Errorf("error does not name %s alone:\n%s", want, msg)
+			}
+			if !strings.Contains(msg, tc.phrase) {
+				t.Errorf("error does not say %q:\n%s", tc.phrase, msg)
+			}
+			if strings.Contains(msg, secret) {
+				t.Errorf("error shows the redis password:\n%s", msg)
+			}
+		})
+	}
+}
+
+// TestBadJSONProvision checks that the JSON config, which a user may write
+// without the Caddyfile's checks, is refused at provisioning with a message
+// that says what is wrong.
+func TestBadJSONProvision(t *testing.T) {
+	cases := []struct {
+		name   string
+		json   string
+		phrase string
+	}{
+		{"no zones", `{}`, "at least one zone is required"},
+		{"null zone", `{"zones":[null]}`, "zone 0 is empty"},
+		{"cost above burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"burst":20,"cost":"21"}]}`,
+			`zone "a": cost 21 exceeds burst 20`},
+		{"cost above default burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"11"}]}`,
+			`zone "a": cost 11 exceeds burst 10`},
+		{"negative cost", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"-1"}]}`,
+			"neither a non-negative integer nor a placeholder"},
+		{"cost not a number", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"many"}]}`,
+			"neither a non-negative integer nor a placeholder"},
+		{"zone name with a space", `{"zones":[{"name":"a b","rate":10,"per":1000000000}]}`,
+			`zone "a b": name must be 1 to 64 letters`},
+		{"zone name with a brace", `{"zones":[{"name":"a}","rate":10,"per":1000000000}]}`,
+			`zone "a}": name must be 1 to 64 letters`},
+		{"empty zone name", `{"zones":[{"rate":10,"per":1000000000}]}`,
+			`zone "": name must be 1 to 64 letters`},
+		{"duplicate zone name", `{"zones":[{"name":"a","rate":10,"per":1000000000},{"name":"a","rate":1,"per":1000000000}]}`,
+			`duplicate zone name "a"`},
+		{"unknown headers mode", `{"headers":"draft","zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			`unknown headers mode "draft"`},
+		{"zero rate", `{"zones":[{"name":"a","rate":0,"per":1000000000}]}`,
+			`zone "a": rate must be a positive integer`},
+		{"missing rate", `{"zones":[{"name":"a","per":1000000000}]}`,
+			`zone "a": rate must be a positive integer`},
+		{"negative rate", `{"zones":[{"name":"a","rate":-1,"per":1000000000}]}`,
+			`zone "a": rate must be a positive integer`},
+		{"missing period", `{"zones":[{"name":"a","rate":10}]}`,
+			`zone "a": rate period must be at least one microsecond`},
+		{"negative burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"burst":-1}]}`,
+			`zone "a": burst must be a positive integer`},
+		{"empty key", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":[""]}]}`,
+			`zone "a": key expressions must not be empty`},
+		{"redis without address", `{"redis":{"password":"` + secret + `"},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: address is required"},
+		{"redis negative db", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","db":-1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: db must not be negative"},
+		{"redis negative timeout", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","timeout":-1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: timeout must not be negative"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := provisionHandler([]byte(tc.json))
+			if err == nil {
+				t.Fatalf("provisioned without error: %s", tc.json)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "rate_limit: ") {
+				t.Errorf("error does not start with the handler's name: %s", msg)
+			}
+			if !strings.Contains(msg, tc.phrase) {
+				t.Errorf("error does not say %q: %s", tc.phrase, msg)
+			}
+			if strings.Contains(msg, secret) {
+				t.Errorf("error shows the redis password: %s", msg)
+			}
+		})
+	}
+}
+
+// FuzzCaddyfile feeds arbitrary text as the body of a rate_limit block. The
+// adapter may refuse it but must not panic; what it accepts must be valid
+// JSON, and every rate_limit handler in it must provision: a Caddyfile that
+// adapts but then fails at start-up would report its mistake without a line.
+func FuzzCaddyfile(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join(goldenDir, "*.caddytest"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var seeds []string
+	for _, file := range files {
+		caddyfile, _ := readGolden(f, file)
+		seeds = append(seeds, caddyfile)
+	}
+	for _, tc := range badCaddyfiles {
+		seeds = append(seeds, tc.caddyfile)
+	}
+	for _, s := range seeds {
+		for _, body := range rateLimitBodies(s) {
+			f.Add(body)
+		}
+		f.Add(s) // a whole Caddyfile as a body: nested sites, stray braces
+	}
+
+	f.Fuzz(func(t *testing.T, body string) {
+		caddyfile := ":80 {\n\trate_limit {\n" + body + "\n\t}\n}\n"
+		out, _, err := adaptCaddyfile(caddyfile)
+		if err != nil {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("adapted to invalid JSON:\n%s", out)
+		}
+		var handlers []json.RawMessage
+		collectRateLimitHandlers(t, out, &handlers)
+		for _, raw := range handlers {
+			if err := provisionHandler(raw); err != nil {
+				t.Errorf("adapted, but the handler does not provision: %v\nCaddyfile:\n%s\nJSON: %s", err, caddyfile, raw)
+			}
+		}
+	})
+}
+
+// adaptCaddyfile runs the Caddyfile adapter as `caddy adapt` does.
+func adaptCaddyfile(caddyfile string) ([]byte, []caddyconfig.Warning, error) {
+	return caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+}
+
+// provisionHandler builds a handler from its JSON the way Caddy loads it
+// and releases it again.
+func provisionHandler(raw []byte) error {
+	var h fleetlimit.Handler
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return err
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		return err
+	}
+	defer h.Cleanup()
+	return h.Validate()
+}
+
+// readGolden splits a golden file into its Caddyfile (ending in a newline,
+// as `caddy fmt` leaves it) and its expected JSON.
+func readGolden(t testing.TB, file string) (caddyfile, expected string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.ReplaceAll(string(data), "\r\n", "\n")
+	before, after, ok := strings.Cut(text, goldenSeparator)
+	if !ok {
+		t.Fatalf("%s: no line of exactly %q", file, strings.TrimSpace(goldenSeparator))
+	}
+	return strings.TrimSpace(before) + "\n", strings.TrimSpace(after)
+}
+
+// writeGolden replaces a golden file's JSON with what the adapter makes of
+// its Caddyfile now, and returns that JSON.
+func writeGolden(t *testing.T, file, caddyfile string) string {
+	t.Helper()
+	out, _, err := adaptCaddyfile(caddyfile)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	var buf strings.Builder
+	var indented []byte
+	if indented, err = indentJSON(out); err != nil {
+		t.Fatal(err)
+	}
+	buf.WriteString(caddyfile)
+	buf.WriteString(strings.TrimPrefix(goldenSeparator, "\n"))
+	buf.Write(indented)
+	buf.WriteString("\n")
+	if err := os.WriteFile(file, []byte(buf.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return string(indented)
+}
+
+// indentJSON indents as caddytest.CompareAdapt and `caddy adapt --pretty` do.
+func indentJSON(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	err := json.Indent(&buf, b, "", "\t")
+	return buf.Bytes(), err
+}
+
+// rateLimitHandlers returns the JSON of every rate_limit handler in an
+// adapted config, in any route or subroute.
+func rateLimitHandlers(t testing.TB, config []byte) []json.RawMessage {
+	t.Helper()
+	var found []json.RawMessage
+	collectRateLimitHandlers(t, config, &found)
+	return found
+}
+
+func collectRateLimitHandlers(t testing.TB, raw []byte, found *[]json.RawMessage) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("adapted config is not JSON: %v", err)
+	}
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "rate_limit" {
+				b, err := json.Marshal(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				*found = append(*found, b)
+			}
+			for _, e := range v {
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(v)
+}
+
+// rateLimitBodies returns the text inside each `rate_limit … { … }` block of
+// a Caddyfile, found by counting braces (good enough for seeds).
+func rateLimitBodies(caddyfile string) []string {
+	var bodies []string
+	rest := caddyfile
+	for {
+		i := strings.Index(rest, "rate_limit")
+		if i < 0 {
+			return bodies
+		}
+		rest = rest[i+len("rate_limit"):]
+		line, _, _ := strings.Cut(rest, "\n")
+		open := strings.Index(line, "{")
+		if open < 0 {
+			continue
+		}
+		depth := 0
+		for j := open; j < len(rest); j++ {
+			switch rest[j] {
+			case '{':
+				depth++
+			case '}':
+				depth--
+			}
+			if depth == 0 {
+				bodies = append(bodies, strings.Trim(rest[open+1:j], "\n"))
+				rest = rest[j:]
+				break
+			}
+		}
+		if depth != 0 {
+			return bodies
+		}
+	}
+}
