@@ -18,6 +18,18 @@ import (
 	"time"
 )
 
+// T is the part of testing.TB that the helpers use, so that a command (the
+// fleet harness) can use them outside a test too.
+type T interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
+var _ T = testing.TB(nil)
+
 // Server is a redis-server process started for a test.
 type Server struct {
 	// Addr is the server's host:port on the loopback interface.
@@ -27,7 +39,7 @@ type Server struct {
 	// Password is the value of a "--requirepass" argument, used by Do.
 	Password string
 
-	t    testing.TB
+	t    T
 	args []string
 	dir  string
 	cmd  *exec.Cmd
@@ -37,7 +49,7 @@ type Server struct {
 // with extra configuration arguments (e.g. "--requirepass", "x"), and stops
 // it when the test ends. It fails the test when redis-server is missing:
 // install it (Debian: apt-get install redis-server).
-func Start(t testing.TB, extra ...string) *Server {
+func Start(t T, extra ...string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server is required by this test and is not on PATH (install it: apt-get install redis-server): %v", err)
@@ -205,7 +217,7 @@ var handedOut = struct {
 
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago and
 // that no earlier call in this process returned.
-func FreePort(t testing.TB) int {
+func FreePort(t T) int {
 	t.Helper()
 	handedOut.Lock()
 	defer handedOut.Unlock()

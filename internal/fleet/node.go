@@ -1,0 +1,179 @@
+// Package fleet runs a local fleet for tests and for the fleet harness
+// command: Caddy processes built from cmd/caddy, sharing a Caddyfile and a
+// Redis, and concurrent HTTP load spread over them.
+package fleet
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// RepoRoot returns the repository's root directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// BuildCaddy builds cmd/caddy into dir and returns the binary's path.
+func BuildCaddy(dir string) (string, error) {
+	bin := filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+	build.Dir = RepoRoot()
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("building caddy: %w", err)
+	}
+	return bin, nil
+}
+
+// Node is one running Caddy process serving one site on a free loopback
+// port, with its admin endpoint on another.
+type Node struct {
+	// URL is the site's base URL, http://127.0.0.1:port.
+	URL string
+	// Admin is the host:port of the admin endpoint.
+	Admin string
+	// Port is the site's port.
+	Port int
+	// Log holds everything the process printed.
+	Log *SyncBuffer
+
+	t       redistest.T
+	bin     string
+	cfgPath string
+	cmd     *exec.Cmd
+	env     []string
+}
+
+// SyncBuffer collects a process's output safely across goroutines.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns everything written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// StartNode runs the Caddy binary bin with globals inside the global
+// options block and site inside the site block, and waits until it serves
+// this configuration. The node is stopped when the test ends. env adds
+// environment variables ("NAME=value") to the process.
+func StartNode(t redistest.T, bin, globals, site string, env ...string) *Node {
+	t.Helper()
+	n := &Node{t: t, bin: bin, Port: redistest.FreePort(t), Log: &SyncBuffer{}, env: env}
+	n.Admin = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+	n.URL = fmt.Sprintf("http://127.0.0.1:%d", n.Port)
+	n.cfgPath = filepath.Join(t.TempDir(), "Caddyfile")
+	n.writeConfig(globals, site)
+	n.cmd = exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
+	n.cmd.Stdout, n.cmd.Stderr = n.Log, n.Log
+	n.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
+	if err := n.cmd.Start(); err != nil {
+		t.Fatalf("starting caddy: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	n.waitReady()
+	return n
+}
+
+func (n *Node) writeConfig(globals, site string) {
+	n.t.Helper()
+	cfg := fmt.Sprintf("{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n%s\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n",
+		n.Admin, globals, n.Port, site)
+	if err := os.WriteFile(n.cfgPath, []byte(cfg), 0o600); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func (n *Node) waitReady() {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		// Ready when this node's admin endpoint serves this node's config
+		// (another process could hold a port that was free a moment ago).
+		resp, err := http.Get("http://" + n.Admin + "/config/")
+		if err == nil {
+			cfg, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && bytes.Contains(cfg, []byte(fmt.Sprintf(`":%d"`, n.Port))) {
+				return
+			}
+		}
+		if n.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.t.Fatalf("caddy did not become ready; its output:\n%s", n.Log.String())
+}
+
+// Reload replaces the configuration and reloads the running Caddy through
+// its admin endpoint, as `caddy reload` does.
+func (n *Node) Reload(globals, site string) error {
+	n.writeConfig(globals, site)
+	out, err := exec.Command(n.bin, "reload", "--config", n.cfgPath, "--adapter", "caddyfile", "--address", n.Admin).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("caddy reload: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Stop kills the process and waits for it. Calling it twice is harmless.
+func (n *Node) Stop() {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	_ = n.cmd.Wait()
+	n.cmd = nil
+}
+
+// Response is what a test needs of an HTTP response.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+var client = &http.Client{Timeout: 10 * time.Second}
+
+// Do sends one request with optional headers ("Name: value").
+func (n *Node) Do(method, path string, headers ...string) (Response, error) {
+	req, err := http.NewRequest(method, n.URL+path, nil)
+	if err != nil {
+		return Response{}, err
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Response{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return Response{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}, err
+}
