@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,11 +89,14 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		opt.Pipelines = 8
 	}
 	client := redis.NewClient(&redis.Options{
-		Addr:                  opt.Address,
-		Username:              opt.Username,
-		Password:              opt.Password,
-		DB:                    opt.DB,
-		DialTimeout:           opt.DialTimeout,
+		Addr:        opt.Address,
+		Username:    opt.Username,
+		Password:    opt.Password,
+		DB:          opt.DB,
+		DialTimeout: opt.DialTimeout,
+		// Fail at once when Redis refuses connections: the failure policy,
+		// not a dial loop, decides what happens meanwhile.
+		DialerRetries:         1,
 		ReadTimeout:           opt.Timeout,
 		WriteTimeout:          opt.Timeout,
 		ContextTimeoutEnabled: true,
@@ -229,10 +233,21 @@ func (s *RedisStore) run(batch []*call) {
 	for i, c := range batch {
 		c.reply, c.err = cmds[i].Slice()
 		if c.err != nil {
-			c.err = fmt.Errorf("redis: %w", c.err)
+			c.err = s.cmdErr(c.err)
 		}
 		c.done <- struct{}{}
 	}
+}
+
+// cmdErr wraps a command's error. A socket deadline or the batch's context
+// running out is a timeout like the caller's own, so it is ErrStoreTimeout
+// too: whichever fires first, callers can tell a hung Redis apart.
+func (s *RedisStore) cmdErr(err error) error {
+	var ne net.Error // context.DeadlineExceeded is one as well
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, s.timeout, err)
+	}
+	return fmt.Errorf("redis: %w", err)
 }
 
 func (s *RedisStore) exec(ctx context.Context, batch []*call) []*redis.Cmd {
