@@ -84,6 +84,10 @@ type RedisConfig struct {
 	// Timeout bounds each decision; when it runs out the request passes
 	// (fails open). Default: 25ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// DenyCacheSize is how many denied buckets each node remembers, to
+	// deny a flood on them without asking Redis until a token can be
+	// there again (exact: tokens cannot appear sooner). Default: 65536.
+	DenyCacheSize int `json:"deny_cache_size,omitempty"`
 }
 
 // Zone is one limit: a token bucket per client key.
@@ -181,7 +185,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.poolKey = key
-	h.limiter = limiter.New(store, h.logger)
+	var cache *limiter.DenyCache
+	if h.Redis != nil {
+		// A new configuration starts with an empty cache: its rules
+		// may differ.
+		cache = limiter.NewDenyCache(h.Redis.DenyCacheSize)
+	}
+	h.limiter = limiter.New(store, cache, h.logger)
 	return nil
 }
 
@@ -330,6 +340,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if outcome == limiter.FailedOpen {
 		return next.ServeHTTP(w, r)
 	}
+	reqs, zones, results = known(reqs, zones, results)
 	policy := h.policy
 	if len(zones) != len(h.Zones) {
 		policy = ""
@@ -349,7 +360,7 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limit
 	var retry time.Duration
 	never := false
 	for i, res := range results {
-		if res.Allowed {
+		if res.Allowed { // Unknown results are Allowed too
 			continue
 		}
 		if first == nil {
@@ -371,6 +382,18 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limit
 	}
 	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(retry), 10)}
 	return caddyhttp.Error(http.StatusTooManyRequests, first.errDenied)
+}
+
+// known drops, in place, the zones that a cached denial left unconsulted.
+func known(reqs []limiter.Request, zones []*Zone, results []limiter.Result) ([]limiter.Request, []*Zone, []limiter.Result) {
+	n := 0
+	for i := range results {
+		if !results[i].Unknown {
+			reqs[n], zones[n], results[n] = reqs[i], zones[i], results[i]
+			n++
+		}
+	}
+	return reqs[:n], zones[:n], results[:n]
 }
 
 // retryAfterSeconds rounds a wait up to whole seconds, so that a client that

@@ -43,6 +43,14 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
+	// Unknown reports that the zone was not consulted: the deny cache
+	// answered the request from another zone's cached denial. Allowed is
+	// then true and the other fields are zero.
+	Unknown bool
+
+	// owed is the bucket's debt in ticks right after the decision (after
+	// the charge if the request was admitted): what the deny cache learns.
+	owed int64
 }
 
 // Store keeps bucket state and decides against it.
@@ -73,27 +81,63 @@ var ErrStoreTimeout = errors.New("rate limit store did not answer in time")
 
 // Limiter applies rules through a store and handles its failures: a failed
 // decision admits the request (fails open), and the failure is logged at
-// most once a second.
+// most once a second. With a deny cache, requests that the store has shown
+// cannot pass yet are denied on this node without asking it.
 type Limiter struct {
 	store   Store
+	cache   *DenyCache
 	log     *zap.Logger
 	lastLog atomic.Int64 // unix nanoseconds of the last failure logged
 	failed  atomic.Uint64
 }
 
 // New returns a limiter deciding through store and logging store failures
-// to log (which may be nil).
-func New(store Store, log *zap.Logger) *Limiter {
+// to log (which may be nil). cache may be nil; it is worth having only in
+// front of a shared (Redis) store.
+func New(store Store, cache *DenyCache, log *zap.Logger) *Limiter {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Limiter{store: store, log: log}
+	return &Limiter{store: store, cache: cache, log: log}
 }
+
+// Cache returns the limiter's deny cache, or nil.
+func (l *Limiter) Cache() *DenyCache { return l.cache }
 
 // Decide decides one request against all its zones; see Store.Decide. On a
 // store failure the results are filled as if every zone admitted without
 // charge, and the outcome is FailedOpen.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) Outcome {
+	if l.cache == nil {
+		return l.decide(ctx, reqs, results)
+	}
+	var p probe
+	for {
+		denied, wait := l.cache.check(reqs, results, &p)
+		if denied {
+			return Denied
+		}
+		if wait == nil {
+			break
+		}
+		// Another request is asking the store about one of these
+		// buckets; its answer may settle this one too.
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return l.fail(reqs, results, ctx.Err())
+		}
+	}
+	sent := l.cache.now()
+	out := l.decide(ctx, reqs, results)
+	if out != FailedOpen {
+		l.cache.learn(reqs, results, sent, out == Admitted)
+	}
+	l.cache.release(&p)
+	return out
+}
+
+func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	ok, err := l.store.Decide(ctx, reqs, results)
 	if err == nil {
 		if ok {
@@ -101,6 +145,11 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 		}
 		return Denied
 	}
+	return l.fail(reqs, results, err)
+}
+
+// fail applies the failure policy: the request passes unlimited.
+func (l *Limiter) fail(reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
 	for i := range reqs {
 		results[i] = Result{Allowed: true, Remaining: reqs[i].Rule.Burst}

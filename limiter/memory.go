@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -11,12 +10,6 @@ import (
 // MemoryStore: enough that concurrent requests for different keys rarely
 // meet on one lock.
 const numShards = 64
-
-// bucketID names a bucket in memory: 128 bits of a keyed hash of the zone
-// name and client key. Keys without pointers keep the garbage collector away
-// from the maps; the seeds are random per process, so clients cannot aim
-// for a collision, and 128 bits make an accidental one negligible.
-type bucketID [2]uint64
 
 type shard struct {
 	mu   sync.Mutex
@@ -30,7 +23,7 @@ type shard struct {
 // Redis. Buckets that are full again are dropped by a sweeper, so memory
 // follows the active clients.
 type MemoryStore struct {
-	seeds  [2]maphash.Seed
+	hash   hasher
 	shards [numShards]shard
 	now    func() int64
 
@@ -49,10 +42,10 @@ func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 		sweep = time.Minute
 	}
 	s := &MemoryStore{
-		seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		now:   now,
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		hash: newHasher(),
+		now:  now,
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[bucketID]State)
@@ -68,9 +61,9 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	var lockBuf [8]uint8
 	ids, verdicts, locks := idBuf[:0], verdictBuf[:0], lockBuf[:0]
 	for i := range reqs {
-		id := s.id(reqs[i].Rule.Name, reqs[i].Key)
+		id := s.hash.id(reqs[i].Rule.Name, reqs[i].Key)
 		ids = append(ids, id)
-		locks = insertSorted(locks, uint8(id[0]%numShards))
+		locks = insertSorted(locks, id.shard())
 	}
 	for _, sh := range locks {
 		s.shards[sh].mu.Lock()
@@ -78,7 +71,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	now := s.now()
 	admit := true
 	for i := range reqs {
-		sh := &s.shards[ids[i][0]%numShards]
+		sh := &s.shards[ids[i].shard()]
 		v := reqs[i].Rule.check(sh.m[ids[i]], now, reqs[i].Cost)
 		verdicts = append(verdicts, v)
 		admit = admit && v.ok
@@ -86,7 +79,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	for i := range reqs {
 		r := reqs[i].Rule
 		if admit && reqs[i].Cost > 0 {
-			sh := &s.shards[ids[i][0]%numShards]
+			sh := &s.shards[ids[i].shard()]
 			sh.m[ids[i]] = r.stateAt(now, verdicts[i].after)
 			sh.peak = max(sh.peak, len(sh.m))
 		}
@@ -154,20 +147,6 @@ func (s *MemoryStore) sweeper(every time.Duration) {
 			s.Sweep()
 		}
 	}
-}
-
-// id hashes a zone name and client key into a bucket id without allocating.
-func (s *MemoryStore) id(zone, key string) bucketID {
-	var id bucketID
-	for i := range id {
-		var h maphash.Hash
-		h.SetSeed(s.seeds[i])
-		h.WriteString(zone)
-		h.WriteByte(0)
-		h.WriteString(key)
-		id[i] = h.Sum64()
-	}
-	return id
 }
 
 // insertSorted adds v to the sorted set a unless it is there already.

@@ -35,7 +35,7 @@ func TestMemoryMultiZoneAtomic(t *testing.T) {
 			{Allowed: true, Remaining: 3, ResetAfter: 666_667 * time.Microsecond},
 			{Remaining: 0, RetryAfter: 333_334 * time.Microsecond, ResetAfter: 666_667 * time.Microsecond},
 		}
-		if results[0] != want[0] || results[1] != want[1] {
+		if public(results[0]) != want[0] || public(results[1]) != want[1] {
 			t.Fatalf("denied by one zone: %+v, want %+v", results, want)
 		}
 	}

@@ -40,6 +40,15 @@ type RedisOptions struct {
 	Clock func() int64
 }
 
+// quietRedisLog replaces go-redis' own logger, which prints every failed
+// dial to standard error: the Limiter reports store failures itself, at
+// most once a second, without connection details that could carry secrets.
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(context.Context, string, ...any) {}
+
+var silenceRedisLog sync.Once
+
 // maxBatch bounds how many decisions share one round trip.
 const maxBatch = 256
 
@@ -88,6 +97,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	if opt.Pipelines <= 0 {
 		opt.Pipelines = 8
 	}
+	silenceRedisLog.Do(func() { redis.SetLogger(quietRedisLog{}) })
 	client := redis.NewClient(&redis.Options{
 		Addr:        opt.Address,
 		Username:    opt.Username,

@@ -197,7 +197,7 @@ func describe(reqs []Request) string {
 func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request, now int64, sent time.Time) {
 	t.Helper()
 	for _, q := range reqs {
-		id := ms.id(q.Rule.Name, q.Key)
+		id := ms.hash.id(q.Rule.Name, q.Key)
 		sh := &ms.shards[id[0]%numShards]
 		sh.mu.Lock()
 		st, inMemory := sh.m[id]

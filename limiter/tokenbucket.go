@@ -81,24 +81,28 @@ func (r *Rule) result(v verdict, charged bool) Result {
 			Allowed:    true,
 			Remaining:  (r.Capacity - v.after) / r.Interval,
 			ResetAfter: r.micros(v.after),
+			owed:       v.after,
 		}
 	case v.ok:
 		return Result{
 			Allowed:    true,
 			Remaining:  (r.Capacity - v.debt) / r.Interval,
 			ResetAfter: r.micros(v.debt),
+			owed:       v.debt,
 		}
 	case v.never:
 		return Result{
 			Remaining:  (r.Capacity - v.debt) / r.Interval,
 			RetryAfter: Never,
 			ResetAfter: r.micros(v.debt),
+			owed:       v.debt,
 		}
 	default:
 		return Result{
 			Remaining:  (r.Capacity - v.debt) / r.Interval,
 			RetryAfter: r.micros(v.after - r.Capacity),
 			ResetAfter: r.micros(v.debt),
+			owed:       v.debt,
 		}
 	}
 }

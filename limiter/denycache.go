@@ -1,0 +1,209 @@
+package limiter
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultDenyCacheSize is how many buckets a deny cache remembers unless
+// told otherwise.
+const DefaultDenyCacheSize = 1 << 16
+
+// DenyCache lets one node deny, without asking the shared store, requests
+// that the store has already shown cannot pass yet.
+//
+// When the store denies a request (or admits one that leaves too few tokens
+// for another like it), it reports how much the bucket owes. The cache keeps
+// that as the bucket's state in this node's monotonic clock, counted from
+// the moment the request was sent, which is no later than the moment the
+// store decided: so the cached state is never fuller than the real bucket.
+// Other nodes can only empty the real bucket further, never refill it. A
+// request that the cached state denies is therefore denied by the store
+// too, and the cache is exact: a key denied until T stays denied until T,
+// and is asked about again from T on.
+//
+// When a cached bucket may have a token again, only one request per bucket
+// goes to the store at a time; concurrent requests for the same bucket wait
+// for its answer (which usually empties the bucket again) and then decide
+// against the cache anew. A flood on one denied key costs each node about
+// one store call per refill interval.
+//
+// Memory is bounded: each shard holds at most its share of the size, and
+// makes room by dropping buckets that are full, then arbitrary ones (a
+// dropped bucket only costs a store call). A cache belongs to one
+// configuration: a new configuration starts with an empty one.
+type DenyCache struct {
+	hash     hasher
+	perShard int
+	base     time.Time
+	clock    func() int64 // tests only: replaces the monotonic clock
+	shards   [numShards]denyShard
+
+	hits    atomic.Uint64
+	learned atomic.Uint64
+}
+
+type denyShard struct {
+	mu     sync.Mutex
+	m      map[bucketID]State
+	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
+	_      [40]byte
+}
+
+// probe records the buckets whose store call a request has claimed.
+type probe struct {
+	n   int
+	ids [8]bucketID
+}
+
+// NewDenyCache returns an empty cache for at most size buckets (a default
+// size when size <= 0).
+func NewDenyCache(size int) *DenyCache {
+	if size <= 0 {
+		size = DefaultDenyCacheSize
+	}
+	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), base: time.Now()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[bucketID]State)
+		c.shards[i].flight = make(map[bucketID]chan struct{})
+	}
+	return c
+}
+
+// Hits returns how many requests the cache denied without the store.
+func (c *DenyCache) Hits() uint64 { return c.hits.Load() }
+
+// Len returns how many buckets the cache holds.
+func (c *DenyCache) Len() int {
+	n := 0
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// now returns this node's monotonic time in microseconds.
+func (c *DenyCache) now() int64 {
+	if c.clock != nil {
+		return c.clock()
+	}
+	return int64(time.Since(c.base) / time.Microsecond)
+}
+
+// check decides the request from the cache when it can. It returns denied
+// (with results filled: the denying zone's from its cached state, the
+// others Unknown) when a cached bucket cannot pass the request. Otherwise
+// it returns a channel to wait on when another request is asking the store
+// about one of the cached buckets, or nil when this request may ask the
+// store, having claimed, in p, the cached buckets it asks about.
+func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-chan struct{}) {
+	now := c.now()
+	for i := range reqs {
+		r := reqs[i].Rule
+		id := c.hash.id(r.Name, reqs[i].Key)
+		sh := &c.shards[id.shard()]
+		sh.mu.Lock()
+		st, ok := sh.m[id]
+		if !ok {
+			sh.mu.Unlock()
+			continue
+		}
+		if st.FullAt() <= now {
+			delete(sh.m, id)
+			sh.mu.Unlock()
+			continue
+		}
+		v := r.check(st, now, reqs[i].Cost)
+		if !v.ok {
+			sh.mu.Unlock()
+			c.release(p)
+			for j := range results {
+				results[j] = Result{Allowed: true, Unknown: true}
+			}
+			results[i] = r.result(v, false)
+			c.hits.Add(1)
+			return true, nil
+		}
+		if wait, busy := sh.flight[id]; busy {
+			sh.mu.Unlock()
+			c.release(p)
+			return false, wait
+		}
+		if p.n < len(p.ids) {
+			sh.flight[id] = make(chan struct{})
+			p.ids[p.n] = id
+			p.n++
+		}
+		sh.mu.Unlock()
+	}
+	return false, nil
+}
+
+// release ends the store calls claimed in p, waking the requests waiting
+// for them.
+func (c *DenyCache) release(p *probe) {
+	for _, id := range p.ids[:p.n] {
+		sh := &c.shards[id.shard()]
+		sh.mu.Lock()
+		if ch, ok := sh.flight[id]; ok {
+			close(ch)
+			delete(sh.flight, id)
+		}
+		sh.mu.Unlock()
+	}
+	p.n = 0
+}
+
+// learn records what the store answered for a request sent at monotonic
+// microsecond sent: every zone that denied it, and, when it was admitted,
+// every zone left with fewer tokens than it cost.
+//
+// A bucket already in the cache is updated by every answer about it, so
+// that its cached state stays as close to the store's as the network
+// allows.
+func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted bool) {
+	for i := range reqs {
+		res := &results[i]
+		if res.Unknown {
+			continue
+		}
+		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)
+		r := reqs[i].Rule
+		st := r.stateAt(sent, res.owed)
+		id := c.hash.id(r.Name, reqs[i].Key)
+		sh := &c.shards[id.shard()]
+		sh.mu.Lock()
+		old, ok := sh.m[id]
+		switch {
+		case ok && old < st:
+			sh.m[id] = st
+		case !ok && worth:
+			if len(sh.m) >= c.perShard {
+				sh.evict(sent, c.perShard)
+			}
+			sh.m[id] = st
+			c.learned.Add(1)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// evict makes room in a shard holding limit buckets: full buckets go
+// first, then arbitrary ones (map order is random) until one slot is free.
+func (sh *denyShard) evict(now int64, limit int) {
+	for id, st := range sh.m {
+		if st.FullAt() <= now {
+			delete(sh.m, id)
+		}
+	}
+	for id := range sh.m {
+		if len(sh.m) < limit {
+			break
+		}
+		delete(sh.m, id)
+	}
+}
