@@ -41,29 +41,34 @@ func parseHeaderMode(s string) (headerMode, error) {
 	return 0, fmt.Errorf("rate_limit: unknown headers mode %q (want ietf, legacy, both or none)", s)
 }
 
+// policyOf returns the RateLimit-Policy value for a set of zones.
+func policyOf(zones []*Zone) string {
+	var buf [256]byte
+	b := buf[:0]
+	for i, z := range zones {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, z.policy...)
+	}
+	return string(b)
+}
+
 // write sets the header fields for the zones that decided a request.
 //
 // IETF (draft-ietf-httpapi-ratelimit-headers-10): RateLimit-Policy lists
 // each zone as `"name";q=<rate>;w=<period in seconds>`, and RateLimit as
 // `"name";r=<remaining>;t=<seconds until the bucket is full>`. Legacy: the
 // X-RateLimit-* fields report the zone with the least remaining. policy is
-// the precomputed RateLimit-Policy value when every zone decided, else "".
+// the RateLimit-Policy value: every zone that applies to the request (a
+// zone left unconsulted by a cached denial is in the policy but not in
+// RateLimit).
 func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result, policy string) {
 	if m == headersNone {
 		return
 	}
 	var buf [256]byte
 	if m == headersBoth || m == headersIETF {
-		if policy == "" {
-			b := buf[:0]
-			for i, z := range zones {
-				if i > 0 {
-					b = append(b, ", "...)
-				}
-				b = append(b, z.policy...)
-			}
-			policy = string(b)
-		}
 		h[hdrPolicy] = []string{policy}
 		b := buf[:0]
 		for i, z := range zones {

@@ -340,11 +340,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if outcome == limiter.FailedOpen {
 		return next.ServeHTTP(w, r)
 	}
-	reqs, zones, results = known(reqs, zones, results)
+	// The policy names every zone that applies; the current state only
+	// the zones that were consulted.
 	policy := h.policy
 	if len(zones) != len(h.Zones) {
-		policy = ""
+		policy = policyOf(zones)
 	}
+	reqs, zones, results = known(reqs, zones, results)
 	h.headers.write(w.Header(), zones, results, policy)
 	if outcome == limiter.Admitted {
 		return next.ServeHTTP(w, r)
