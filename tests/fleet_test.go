@@ -1,0 +1,227 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// startFleet starts count Caddy nodes with one site configuration.
+func startFleet(t *testing.T, count int, site string, env ...string) []*fleet.Node {
+	t.Helper()
+	nodes := make([]*fleet.Node, count)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i] = fleet.StartNode(t, caddyBin, "", site, env...)
+		}()
+	}
+	wg.Wait()
+	return nodes
+}
+
+func redisBlock(r *redistest.Server) string {
+	return fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr)
+}
+
+// TestFleetExactness is the product's promise: three Caddy nodes sharing
+// one Redis admit, for every bucket, no more than burst + rate x elapsed,
+// and no less than 98% of it while demand exceeds supply.
+func TestFleetExactness(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	sc := fleet.Exactness(redisBlock(r))
+	nodes := startFleet(t, 3, sc.Site)
+	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: 10 * time.Second})
+	t.Logf("3 nodes, 60 connections, %s:\n%s\n%s", rep.Duration.Round(time.Millisecond), rep.Table(), rep.DeniedTable(sc.Targets))
+	for _, bad := range rep.Check() {
+		t.Error(bad)
+	}
+	// Every node took part in every bucket.
+	for _, bs := range rep.Buckets {
+		for i, v := range bs.PerNode {
+			if v == 0 {
+				t.Errorf("%s/%s: node %d admitted nothing", bs.Bucket.Zone, bs.Bucket.Key, i+1)
+			}
+		}
+	}
+	// A request denied by the global zone is charged to no user zone: the
+	// users' own zones have room to spare, so they deny (next to) nothing,
+	// though the global zone denies most requests.
+	var gRequests, gUserDenied, gAllDenied int64
+	for t, s := range rep.Targets {
+		if strings.HasPrefix(t.Name, "g") {
+			gRequests += s.Requests
+			gUserDenied += s.DeniedBy["g_user"]
+			gAllDenied += s.DeniedBy["g_all"]
+		}
+	}
+	t.Logf("composed zones: %d requests, %d denied by g_all, %d by g_user", gRequests, gAllDenied, gUserDenied)
+	if gAllDenied < gRequests/2 {
+		t.Errorf("the global zone denied only %d of %d requests: the load did not saturate it", gAllDenied, gRequests)
+	}
+	if gUserDenied*100 > gRequests {
+		t.Errorf("user zones denied %d of %d requests: denials by the global zone were charged to them", gUserDenied, gRequests)
+	}
+}
+
+var evalshaCalls = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`)
+
+func scriptCalls(t *testing.T, r *redistest.Server) int64 {
+	t.Helper()
+	m := evalshaCalls.FindStringSubmatch(r.MustDo("INFO", "commandstats"))
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
+}
+
+// TestFleetDenyCache floods one key from every node: each node answers the
+// flood from its deny cache, asking Redis about once per refill interval,
+// and the fleet still admits exactly the bound.
+func TestFleetDenyCache(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	sc := fleet.Flood(redisBlock(r))
+	nodes := startFleet(t, 3, sc.Site)
+	before := scriptCalls(t, r)
+	const d = 5 * time.Second
+	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 30, Duration: d})
+	calls := scriptCalls(t, r) - before
+	s := rep.Targets[sc.Targets[0]]
+	t.Logf("flood: %d requests, %d admitted, %d script calls in Redis\n%s", s.Requests, s.Admitted, calls, rep.Table())
+	for _, bad := range rep.Check() {
+		t.Error(bad)
+	}
+	// A token every 500 ms: 10 in 5 s, plus the burst of 2. Each node may
+	// ask once per token and, because it learns a bucket's state as of
+	// when it sent its request, once or twice more when it asks a moment
+	// before the token is back.
+	intervals := int64(d/(500*time.Millisecond)) + 1
+	limit := int64(len(nodes)) * 4 * intervals
+	perInterval := float64(calls) / float64(len(nodes)) / float64(intervals)
+	t.Logf("script calls per node per refill interval: %.2f (limit %d calls in all)", perInterval, limit)
+	if calls > limit {
+		t.Errorf("%d script calls for a flood of %d requests: the deny cache should have kept it near one per node per interval (at most %d)", calls, s.Requests, limit)
+	}
+	if s.Requests < 20*calls {
+		t.Errorf("only %d requests for %d script calls: the flood was too small to show anything", s.Requests, calls)
+	}
+}
+
+var connectedClients = regexp.MustCompile(`connected_clients:(\d+)`)
+
+func redisClients(t *testing.T, r *redistest.Server) int {
+	t.Helper()
+	m := connectedClients.FindStringSubmatch(r.MustDo("INFO", "clients"))
+	if m == nil {
+		t.Fatal("no connected_clients in INFO clients")
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n - 1 // this connection
+}
+
+// TestFleetReloadUnderLoad reloads every node ten times while the fleet is
+// loaded, alternating two configurations with different limits: no request
+// fails, Redis connections do not pile up, bucket state survives, and the
+// new limit governs afterwards.
+func TestFleetReloadUnderLoad(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	site := func(rate int) string {
+		return fmt.Sprintf(`
+	rate_limit {
+		%s
+		zone r {
+			key {header.X-Key}
+			rate %d 1s
+			burst 20
+		}
+	}
+	respond "ok"
+	handle_errors 429 {
+		respond "{http.rate_limit.exceeded.name}" 429
+	}`, redisBlock(r), rate)
+	}
+	slow, fast := site(20), site(60)
+	nodes := startFleet(t, 3, slow)
+	b := &fleet.Bucket{Zone: "r", Key: "k", Rate: 60, Per: time.Second, Burst: 20}
+	targets := []*fleet.Target{{Name: "k", Path: "/", Headers: []string{"X-Key: k"}, Cost: 1, Buckets: []*fleet.Bucket{b}}}
+
+	var clients []int
+	var reloadErrs []error
+	rounds := 0
+	rep := fleet.Run(context.Background(), fleet.Load{
+		Nodes: nodes, Targets: targets, Connections: 30, Duration: 8 * time.Second,
+		During: func(elapsed time.Duration) {
+			// From 0.5 s on, a round every 400 ms: every node reloads at
+			// once, alternating the configurations; the last round (the
+			// tenth) leaves the fast one.
+			if rounds >= 10 || elapsed < 500*time.Millisecond+time.Duration(rounds)*400*time.Millisecond {
+				return
+			}
+			cfg := slow
+			if rounds%2 == 1 {
+				cfg = fast
+			}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for _, n := range nodes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := n.Reload("", cfg); err != nil {
+						mu.Lock()
+						reloadErrs = append(reloadErrs, err)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			rounds++
+			clients = append(clients, redisClients(t, r))
+		},
+	})
+	for _, err := range reloadErrs {
+		t.Error(err)
+	}
+	s := rep.Targets[targets[0]]
+	t.Logf("%d rounds of reloads of %d nodes under load: %d requests, %d admitted, errors %v; redis clients after each round: %v\n%s",
+		rounds, len(nodes), s.Requests, s.Admitted, s.ErrorKinds, clients, rep.Table())
+	if rounds != 10 {
+		t.Errorf("only %d rounds of reloads happened", rounds)
+	}
+	// No request failed, and the state survived every reload: a bucket
+	// that restarted full on each reload would hand out its burst of 20
+	// again each time, 600 tokens beyond the bound.
+	for _, bad := range rep.Check() {
+		t.Error(bad)
+	}
+	if len(clients) > 2 {
+		if last, first := clients[len(clients)-1], clients[0]; last > first+len(nodes) {
+			t.Errorf("redis connections grew from %d to %d over the reloads: %v", first, last, clients)
+		}
+	}
+	// The last configuration (60 per second) governs now: under full load
+	// for 2 s the fleet admits about 120, which 20 per second could not.
+	rep = fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: targets, Connections: 30, Duration: 2 * time.Second})
+	s = rep.Targets[targets[0]]
+	t.Logf("after the reloads (60/s): %d admitted in %s", s.Tokens, rep.Duration.Round(time.Millisecond))
+	for _, bad := range rep.Check() {
+		t.Error(bad)
+	}
+	if s.Tokens < 20+int64(20*rep.Duration.Seconds())+20 {
+		t.Errorf("after reloading to 60/s the fleet admitted only %d tokens in %s: the old limit still governs", s.Tokens, rep.Duration)
+	}
+}
