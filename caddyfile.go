@@ -3,11 +3,14 @@ package fleetlimit
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 func init() {
@@ -46,7 +49,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // Every mistake is reported with the file and line of the offending token.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
-	start := *d // where the directive is, for errors about what it lacks
+	// Where the directive is, for errors about what its block lacks.
+	start := *d
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -119,11 +123,11 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "password":
 			c.Password = arg
 		case "db":
-			n, err := strconv.Atoi(arg)
+			n, err := strconv.ParseInt(arg, 10, 32)
 			if err != nil || n < 0 {
 				return d.Errf("redis db must be a non-negative integer, got %q", arg)
 			}
-			c.DB = n
+			c.DB = int(n)
 		case "key_prefix":
 			c.KeyPrefix = arg
 		case "timeout":
@@ -155,6 +159,7 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	var costLine caddyfile.Dispenser // where cost was given, for a late error
+	var rateLine caddyfile.Dispenser // where rate was given, likewise
 	var costSet bool
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch d.Val() {
@@ -178,11 +183,15 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil || n <= 0 {
 				return d.Errf("zone %q: rate must be a positive integer, got %q", z.Name, args[0])
 			}
+			if n > 1<<53 { // the adapter's JSON goes through float64
+				return d.Errf("zone %q: rate must be at most 2^53, got %q", z.Name, args[0])
+			}
 			dur, err := caddy.ParseDuration(args[1])
 			if err != nil || dur <= 0 {
 				return d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
 			}
 			z.Rate, z.Per = n, caddy.Duration(dur)
+			rateLine = *d
 		case "burst":
 			var arg string
 			if !d.AllArgs(&arg) {
@@ -222,10 +231,12 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if z.Rate == 0 {
 		return start.Errf("zone %q: rate is required: rate <n> <duration>", z.Name)
 	}
-	burst := z.Burst
-	if burst == 0 {
-		burst = z.Rate
+	// The checks provisioning makes, so that they come with a line here.
+	rule, err := limiter.NewRule(z.Name, z.Rate, time.Duration(z.Per), z.Burst)
+	if err != nil {
+		return rateLine.Errf("zone %q: %v", z.Name, err)
 	}
+	burst := rule.Burst
 	if costSet && !strings.Contains(z.Cost, "{") {
 		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > burst {
 			return costLine.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, burst)
