@@ -34,6 +34,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        db         <n>
 //	        key_prefix <prefix>
 //	        timeout    <duration>
+//	        deny_cache_size <n>
 //	    }
 //	    zone <name> {
 //	        key   <expr> [<expr>...]
@@ -136,8 +137,14 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("redis timeout must be a positive duration, got %q", arg)
 			}
 			c.Timeout = caddy.Duration(dur)
+		case "deny_cache_size":
+			n, err := strconv.ParseInt(arg, 10, 32)
+			if err != nil || n <= 0 {
+				return d.Errf("redis deny_cache_size must be a positive integer, got %q", arg)
+			}
+			c.DenyCacheSize = int(n)
 		default:
-			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix or timeout)", sub)
+			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix, timeout or deny_cache_size)", sub)
 		}
 	}
 	if c.Address == "" {
@@ -171,6 +178,9 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			for _, a := range args {
 				if strings.TrimSpace(a) == "" {
 					return d.Errf("zone %q: empty key expression", z.Name)
+				}
+				if err := checkPlaceholders(a); err != nil {
+					return d.Errf("zone %q: key %q is not a valid placeholder expression: %v", z.Name, a, err)
 				}
 			}
 			z.Key = args
@@ -207,7 +217,11 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&arg) {
 				return d.ArgErr()
 			}
-			if !strings.Contains(arg, "{") {
+			if strings.ContainsAny(arg, "{}") {
+				if err := checkPlaceholders(arg); err != nil {
+					return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, err)
+				}
+			} else {
 				n, err := strconv.ParseInt(arg, 10, 64)
 				if err != nil || n <= 0 {
 					return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)

@@ -327,6 +327,22 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 5, `cost must be a positive integer or a placeholder, got "two"`},
+	{"cost with a stray brace", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			cost "{header.X-Cost"
+		}
+	}
+}`, 5, `cost "{header.X-Cost" is not a valid placeholder expression: '{' without '}'`},
+	{"key with an empty placeholder", `:80 {
+	rate_limit {
+		zone api {
+			key {header.X} x{}y
+			rate 10 1s
+		}
+	}
+}`, 4, `key "x{}y" is not a valid placeholder expression: empty placeholder {}`},
 	{"cost zero", `:80 {
 	rate_limit {
 		zone api {
@@ -647,9 +663,17 @@ func TestBadJSONProvision(t *testing.T) {
 		{"cost above default burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"11"}]}`,
 			`zone "a": cost 11 exceeds burst 10`},
 		{"negative cost", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"-1"}]}`,
-			"neither a non-negative integer nor a placeholder"},
+			"neither a positive integer nor a placeholder"},
+		{"zero cost", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"0"}]}`,
+			"neither a positive integer nor a placeholder"},
 		{"cost not a number", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"many"}]}`,
-			"neither a non-negative integer nor a placeholder"},
+			"neither a positive integer nor a placeholder"},
+		{"cost with a stray brace", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"5{"}]}`,
+			`cost "5{": '{' without '}'`},
+		{"key with a stray brace", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":["{header.X}}"]}]}`,
+			`key "{header.X}}": '}' without '{'`},
+		{"blank key", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":["  "]}]}`,
+			`zone "a": key expressions must not be empty`},
 		{"zone name with a space", `{"zones":[{"name":"a b","rate":10,"per":1000000000}]}`,
 			`zone "a b": name must be 1 to 64 letters`},
 		{"zone name with a brace", `{"zones":[{"name":"a}","rate":10,"per":1000000000}]}`,

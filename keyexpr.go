@@ -1,6 +1,7 @@
 package fleetlimit
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -39,4 +40,32 @@ func (k keyExpr) eval(repl *caddy.Replacer) string {
 	default:
 		return repl.ReplaceKnown(k.text, "")
 	}
+}
+
+// checkPlaceholders reports an expression whose braces do not form
+// placeholders: every '{' must close with a '}' around a non-empty name,
+// without nesting. (A stray brace would make every request's value wrong.)
+func checkPlaceholders(e string) error {
+	open := -1
+	for i := 0; i < len(e); i++ {
+		switch e[i] {
+		case '{':
+			if open >= 0 {
+				return errors.New("nested '{'")
+			}
+			open = i
+		case '}':
+			if open < 0 {
+				return errors.New("'}' without '{'")
+			}
+			if i == open+1 {
+				return errors.New("empty placeholder {}")
+			}
+			open = -1
+		}
+	}
+	if open >= 0 {
+		return errors.New("'{' without '}'")
+	}
+	return nil
 }

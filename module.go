@@ -211,8 +211,11 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	}
 	z.keys = make([]keyExpr, 0, len(exprs))
 	for _, e := range exprs {
-		if e == "" {
+		if strings.TrimSpace(e) == "" {
 			return errors.New("key expressions must not be empty")
+		}
+		if err := checkPlaceholders(e); err != nil {
+			return fmt.Errorf("key %q: %w", e, err)
 		}
 		z.keys = append(z.keys, newKeyExpr(e))
 	}
@@ -220,12 +223,15 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	switch c := strings.TrimSpace(z.Cost); {
 	case c == "":
 		z.cost = 1
-	case strings.Contains(c, "{"):
+	case strings.ContainsAny(c, "{}"):
+		if err := checkPlaceholders(c); err != nil {
+			return fmt.Errorf("cost %q: %w", c, err)
+		}
 		z.costExpr = c
 	default:
 		n, err := strconv.ParseInt(c, 10, 64)
-		if err != nil || n < 0 {
-			return fmt.Errorf("cost %q is neither a non-negative integer nor a placeholder", c)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("cost %q is neither a positive integer nor a placeholder", c)
 		}
 		if n > rule.Burst {
 			return fmt.Errorf("cost %d exceeds burst %d: no request could ever pass", n, rule.Burst)

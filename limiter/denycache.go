@@ -63,7 +63,7 @@ func NewDenyCache(size int) *DenyCache {
 	if size <= 0 {
 		size = DefaultDenyCacheSize
 	}
-	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), base: time.Now()}
+	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), base: nodeClock()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[bucketID]State)
 		c.shards[i].flight = make(map[bucketID]chan struct{})
@@ -91,7 +91,7 @@ func (c *DenyCache) now() int64 {
 	if c.clock != nil {
 		return c.clock()
 	}
-	return int64(time.Since(c.base) / time.Microsecond)
+	return int64(nodeClock().Sub(c.base) / time.Microsecond)
 }
 
 // check decides the request from the cache when it can. It returns denied

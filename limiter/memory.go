@@ -36,7 +36,7 @@ type MemoryStore struct {
 // microseconds; nil means the system clock. Close stops the sweeper.
 func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 	if now == nil {
-		now = func() int64 { return time.Now().UnixMicro() }
+		now = func() int64 { return nodeClock().UnixMicro() }
 	}
 	if sweep <= 0 {
 		sweep = time.Minute

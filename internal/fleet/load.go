@@ -77,17 +77,17 @@ type TargetStats struct {
 
 // BucketStats is a bucket's admitted total against its exact bound.
 type BucketStats struct {
-	Bucket   *Bucket
-	Tokens   int64   // tokens admitted from this bucket
-	Elapsed  float64 // seconds from the first request to the last answer
-	Bound    float64 // Burst + Rate x Elapsed / Per
-	Ratio    float64 // Tokens / Bound
+	Bucket  *Bucket
+	Tokens  int64   // tokens admitted from this bucket
+	Elapsed float64 // seconds from the first request to the last answer
+	Bound   float64 // Burst + Rate x Elapsed / Per
+	Ratio   float64 // Tokens / Bound
 	// Reachable is what a fleet without any over-denial must at least
 	// admit: the bound over the narrow window (first answer to last
 	// request sent), in whole requests of the bucket's largest cost.
 	Reachable float64
-	PerNode  []int64
-	Requests int64
+	PerNode   []int64
+	Requests  int64
 }
 
 // Report is the result of a run.

@@ -25,10 +25,19 @@ func RepoRoot() string {
 	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
 }
 
-// BuildCaddy builds cmd/caddy into dir and returns the binary's path.
-func BuildCaddy(dir string) (string, error) {
-	bin := filepath.Join(dir, "caddy")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
+// BuildCaddy builds cmd/caddy into dir, with optional build tags, and
+// returns the binary's path.
+func BuildCaddy(dir string, tags ...string) (string, error) {
+	name := "caddy"
+	args := []string{"build", "-o"}
+	if len(tags) > 0 {
+		name += "-" + strings.Join(tags, "-")
+		args = append(args, filepath.Join(dir, name), "-tags", strings.Join(tags, ","))
+	} else {
+		args = append(args, filepath.Join(dir, name))
+	}
+	bin := filepath.Join(dir, name)
+	build := exec.Command("go", append(args, "./cmd/caddy")...)
 	build.Dir = RepoRoot()
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
