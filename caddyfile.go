@@ -35,12 +35,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        key_prefix <prefix>
 //	        timeout    <duration>
 //	        deny_cache_size <n>
+//	        breaker_failures <n>
+//	        breaker_cooldown <duration>
 //	    }
 //	    zone <name> {
 //	        key   <expr> [<expr>...]
 //	        rate  <n> <duration>
 //	        burst <n>
 //	        cost  <n|placeholder>
+//	        on_error allow|deny|local
+//	        fleet_size <n>
 //	        match { <matchers> }
 //	    }
 //	    headers ietf|legacy|both|none
@@ -137,6 +141,18 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("redis timeout must be a positive duration, got %q", arg)
 			}
 			c.Timeout = caddy.Duration(dur)
+		case "breaker_failures":
+			n, err := strconv.ParseInt(arg, 10, 32)
+			if err != nil || n <= 0 {
+				return d.Errf("redis breaker_failures must be a positive integer, got %q", arg)
+			}
+			c.BreakerFailures = int(n)
+		case "breaker_cooldown":
+			dur, err := caddy.ParseDuration(arg)
+			if err != nil || dur <= 0 {
+				return d.Errf("redis breaker_cooldown must be a positive duration, got %q", arg)
+			}
+			c.BreakerCooldown = caddy.Duration(dur)
 		case "deny_cache_size":
 			n, err := strconv.ParseInt(arg, 10, 32)
 			if err != nil || n <= 0 {
@@ -144,7 +160,7 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			c.DenyCacheSize = int(n)
 		default:
-			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix, timeout or deny_cache_size)", sub)
+			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix, timeout, breaker_failures, breaker_cooldown or deny_cache_size)", sub)
 		}
 	}
 	if c.Address == "" {
@@ -229,6 +245,25 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			z.Cost, costSet = arg, true
 			costLine = *d
+		case "on_error":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			if _, err := limiter.ParsePolicy(arg); err != nil {
+				return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
+			}
+			z.OnError = arg
+		case "fleet_size":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			n, err := strconv.ParseInt(arg, 10, 32)
+			if err != nil || n <= 0 {
+				return d.Errf("zone %q: fleet_size must be a positive integer, got %q", z.Name, arg)
+			}
+			z.FleetSize = n
 		case "match":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -239,7 +274,7 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 		default:
-			return d.Errf("zone %q: unknown subdirective %q (want key, rate, burst, cost or match)", z.Name, d.Val())
+			return d.Errf("zone %q: unknown subdirective %q (want key, rate, burst, cost, on_error, fleet_size or match)", z.Name, d.Val())
 		}
 	}
 	if z.Rate == 0 {

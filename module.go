@@ -62,6 +62,7 @@ type Handler struct {
 	headers  headerMode
 	limiter  *limiter.Limiter
 	poolKey  string
+	localKey string // the memory store of local fallback buckets, if any
 	logger   *zap.Logger
 	anyMatch bool // some zone has matchers
 	policy   string
@@ -88,6 +89,15 @@ type RedisConfig struct {
 	// deny a flood on them without asking Redis until a token can be
 	// there again (exact: tokens cannot appear sooner). Default: 65536.
 	DenyCacheSize int `json:"deny_cache_size,omitempty"`
+	// BreakerFailures is how many consecutive failed decisions open the
+	// circuit breaker, after which Redis is not called for
+	// BreakerCooldown and every zone applies its failure policy at once.
+	// Default: 5.
+	BreakerFailures int `json:"breaker_failures,omitempty"`
+	// BreakerCooldown is how long an open breaker keeps decisions away
+	// from Redis; then one request probes it, and its success closes the
+	// breaker. Default: 1s.
+	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
 }
 
 // Zone is one limit: a token bucket per client key.
@@ -118,6 +128,20 @@ type Zone struct {
 	// placeholder expression that yields one (a request for which it is
 	// not a non-negative integer gets status 400). Default: 1.
 	Cost string `json:"cost,omitempty"`
+
+	// OnError is what the zone does when Redis cannot decide (down, slow
+	// beyond the timeout, or the circuit breaker open): `allow` lets the
+	// request pass (fail open), `deny` rejects it with 503 and
+	// Retry-After (fail closed, for abuse-sensitive routes such as
+	// login), `local` decides on a bucket in this node's memory with the
+	// zone's rate and burst divided by FleetSize. Default: `allow`.
+	OnError string `json:"on_error,omitempty"`
+
+	// FleetSize is how many nodes share the zone's limit, for the `local`
+	// policy: each node's fallback bucket gets 1/FleetSize of the rate and
+	// burst, so the fleet stays about within the limit while Redis is
+	// away. Default: 1.
+	FleetSize int64 `json:"fleet_size,omitempty"`
 
 	// MatcherSetsRaw limits the zone to matching requests. Default: all
 	// requests that reach the handler.
@@ -185,13 +209,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.poolKey = key
-	var cache *limiter.DenyCache
+	opt := limiter.Options{Log: h.logger}
 	if h.Redis != nil {
 		// A new configuration starts with an empty cache: its rules
 		// may differ.
-		cache = limiter.NewDenyCache(h.Redis.DenyCacheSize)
+		opt.Cache = limiter.NewDenyCache(h.Redis.DenyCacheSize)
 	}
-	h.limiter = limiter.New(store, cache, h.logger)
+	for _, z := range h.Zones {
+		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {
+			// The fallback buckets live in this node's memory store,
+			// which outlives reloads like the Redis client does.
+			local, err := loadMemoryStore()
+			if err != nil {
+				return err
+			}
+			h.localKey, opt.Local = memoryPoolKey, local
+		}
+	}
+	h.limiter = limiter.New(store, opt)
 	return nil
 }
 
@@ -204,6 +239,16 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		return err
 	}
 	z.rule = rule
+	policy, err := limiter.ParsePolicy(z.OnError)
+	if err != nil {
+		return err
+	}
+	if z.FleetSize < 0 {
+		return limiter.ErrBadFleetSize
+	}
+	if err := rule.SetFailurePolicy(policy, max(1, z.FleetSize)); err != nil {
+		return err
+	}
 
 	exprs := z.Key
 	if len(exprs) == 0 {
@@ -260,13 +305,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 // it on first use, and the pool key to release it with.
 func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	if h.Redis == nil {
-		v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-			return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
-		})
-		if err != nil {
-			return nil, "", err
-		}
-		return v.(memoryStore).MemoryStore, memoryPoolKey, nil
+		s, err := loadMemoryStore()
+		return s, memoryPoolKey, err
 	}
 	opt, err := h.Redis.options()
 	if err != nil {
@@ -286,6 +326,18 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	return v.(redisStore).RedisStore, key, nil
 }
 
+// loadMemoryStore returns this process's memory store, shared by every
+// handler and configuration (release it with stores.Delete(memoryPoolKey)).
+func loadMemoryStore() (*limiter.MemoryStore, error) {
+	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+		return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(memoryStore).MemoryStore, nil
+}
+
 // Validate checks the configuration after provisioning.
 func (h *Handler) Validate() error {
 	if h.limiter == nil {
@@ -294,12 +346,16 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases the store; the last handler using it closes it.
+// Cleanup releases the stores; the last handler using one closes it.
 func (h *Handler) Cleanup() error {
-	if h.poolKey == "" {
-		return nil
+	var err error
+	for _, key := range []string{h.poolKey, h.localKey} {
+		if key != "" {
+			if _, e := stores.Delete(key); e != nil {
+				err = e
+			}
+		}
 	}
-	_, err := stores.Delete(h.poolKey)
 	return err
 }
 
@@ -343,8 +399,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	results = results[:len(reqs)]
 
 	outcome := h.limiter.Decide(r.Context(), reqs, results)
-	if outcome == limiter.FailedOpen {
+	switch outcome {
+	case limiter.FailedOpen:
 		return next.ServeHTTP(w, r)
+	case limiter.FailedClosed:
+		return h.unavailable(w, results)
 	}
 	// The policy names every zone that applies; the current state only
 	// the zones that were consulted.
@@ -354,10 +413,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	reqs, zones, results = known(reqs, zones, results)
 	h.headers.write(w.Header(), zones, results, policy)
-	if outcome == limiter.Admitted {
+	if outcome == limiter.Admitted || outcome == limiter.LocalAdmitted {
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, repl, reqs, zones, results)
+}
+
+// errUnavailable is the error of a request rejected because the store
+// failed and a zone's policy is deny.
+var errUnavailable = errors.New("rate limit store unavailable; the zone fails closed")
+
+// unavailable answers a request that a zone with the deny policy rejected
+// because the store failed: 503, and Retry-After for when the store may be
+// back (the circuit breaker's cooldown, at least a second).
+func (h *Handler) unavailable(w http.ResponseWriter, results []limiter.Result) error {
+	var retry time.Duration
+	for _, res := range results {
+		if !res.Allowed {
+			retry = max(retry, res.RetryAfter)
+		}
+	}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(max(1, retryAfterSeconds(retry)), 10)}
+	return caddyhttp.Error(http.StatusServiceUnavailable, errUnavailable)
 }
 
 // deny answers a request that a zone denied: Retry-After for the latest
@@ -451,6 +528,9 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		DB:        c.DB,
 		KeyPrefix: c.KeyPrefix,
 		Timeout:   time.Duration(c.Timeout),
+
+		BreakerFailures: c.BreakerFailures,
+		BreakerCooldown: time.Duration(c.BreakerCooldown),
 	}}
 	if o.Address == "" {
 		return o, errors.New("rate_limit: redis: address is required")
@@ -460,6 +540,9 @@ func (c *RedisConfig) options() (redisOptions, error) {
 	}
 	if o.Timeout < 0 {
 		return o, errors.New("rate_limit: redis: timeout must not be negative")
+	}
+	if o.BreakerFailures < 0 || o.BreakerCooldown < 0 {
+		return o, errors.New("rate_limit: redis: breaker_failures and breaker_cooldown must not be negative")
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = "rl:"
@@ -473,7 +556,7 @@ func (c *RedisConfig) options() (redisOptions, error) {
 // poolKey identifies a connection configuration without revealing its
 // secrets.
 func (o redisOptions) poolKey() string {
-	b, _ := json.Marshal([]any{o.Address, o.Username, o.Password, o.DB, o.KeyPrefix, o.Timeout})
+	b, _ := json.Marshal([]any{o.Address, o.Username, o.Password, o.DB, o.KeyPrefix, o.Timeout, o.BreakerFailures, o.BreakerCooldown})
 	sum := sha256.Sum256(b)
 	return "redis:" + hex.EncodeToString(sum[:])
 }

@@ -33,11 +33,11 @@ func (s *countingStore) Decide(ctx context.Context, reqs []Request, results []Re
 func TestDenyCacheIsExact(t *testing.T) {
 	t.Parallel()
 	clkA, clkB := newTestClock(epoch), newTestClock(epoch)
-	plain := New(newMemory(t, clkA), nil, nil)
+	plain := New(newMemory(t, clkA), Options{})
 	inner := &countingStore{Store: newMemory(t, clkB)}
 	cache := NewDenyCache(0)
 	cache.clock = clkB.now
-	cached := New(inner, cache, nil)
+	cached := New(inner, Options{Cache: cache})
 
 	rules := []*Rule{
 		mustRule(t, "a", 3, time.Second, 3),
@@ -88,7 +88,7 @@ func TestDenyCacheFloodCostsOneCallPerRefill(t *testing.T) {
 	inner := &countingStore{Store: NewMemoryStore(time.Minute, nil), delay: time.Millisecond}
 	t.Cleanup(func() { _ = inner.Store.(*MemoryStore).Close() })
 	cache := NewDenyCache(0)
-	l := New(inner, cache, nil)
+	l := New(inner, Options{Cache: cache})
 	rule := mustRule(t, "flood", 10, time.Second, 5) // a token every 100 ms
 	const duration = 1500 * time.Millisecond
 	var admitted atomic.Int64
@@ -134,7 +134,7 @@ func TestDenyCacheOtherKeysUnaffected(t *testing.T) {
 	inner := &countingStore{Store: newMemory(t, clk)}
 	cache := NewDenyCache(0)
 	cache.clock = clk.now
-	l := New(inner, cache, nil)
+	l := New(inner, Options{Cache: cache})
 	rule := mustRule(t, "z", 1, time.Hour, 1)
 	res := make([]Result, 1)
 	decide := func(key string) Outcome {
@@ -167,7 +167,7 @@ func TestDenyCacheCostMatters(t *testing.T) {
 	clk := newTestClock(epoch)
 	cache := NewDenyCache(0)
 	cache.clock = clk.now
-	l := New(newMemory(t, clk), cache, nil)
+	l := New(newMemory(t, clk), Options{Cache: cache})
 	rule := mustRule(t, "z", 10, time.Hour, 10)
 	res := make([]Result, 1)
 	decide := func(cost int64) Outcome {
@@ -190,7 +190,7 @@ func TestDenyCacheBounded(t *testing.T) {
 	clk := newTestClock(epoch)
 	cache := NewDenyCache(256)
 	cache.clock = clk.now
-	l := New(newMemory(t, clk), cache, nil)
+	l := New(newMemory(t, clk), Options{Cache: cache})
 	rule := mustRule(t, "z", 1, time.Hour, 1)
 	res := make([]Result, 1)
 	for i := range 20_000 {

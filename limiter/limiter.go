@@ -71,42 +71,85 @@ const (
 	Admitted Outcome = iota
 	// Denied: at least one zone denied; no zone was charged.
 	Denied
-	// FailedOpen: the store failed and the request passes unlimited.
+	// FailedOpen: the store failed and every zone's policy is allow: the
+	// request passes unlimited.
 	FailedOpen
+	// FailedClosed: the store failed and a zone's policy is deny: the
+	// request is rejected because the limiter cannot decide.
+	FailedClosed
+	// LocalAdmitted: the store failed and the zones with the local policy
+	// admitted the request on this node's fallback buckets.
+	LocalAdmitted
+	// LocalDenied: the store failed and a zone with the local policy
+	// denied the request on this node's fallback bucket.
+	LocalDenied
 )
+
+// String names the outcome.
+func (o Outcome) String() string {
+	switch o {
+	case Admitted:
+		return "admitted"
+	case Denied:
+		return "denied"
+	case FailedOpen:
+		return "failed_open"
+	case FailedClosed:
+		return "failed_closed"
+	case LocalAdmitted:
+		return "local_admitted"
+	case LocalDenied:
+		return "local_denied"
+	}
+	return "unknown"
+}
 
 // ErrStoreTimeout is returned by a store whose decision took longer than
 // its timeout.
 var ErrStoreTimeout = errors.New("rate limit store did not answer in time")
 
-// Limiter applies rules through a store and handles its failures: a failed
-// decision admits the request (fails open), and the failure is logged at
-// most once a second. With a deny cache, requests that the store has shown
-// cannot pass yet are denied on this node without asking it.
+// Options are a Limiter's optional parts.
+type Options struct {
+	// Cache, if set, denies on this node what the store has shown cannot
+	// pass yet. Worth having only in front of a shared (Redis) store.
+	Cache *DenyCache
+	// Local holds the fallback buckets of zones whose policy is local.
+	// Required when any zone uses PolicyLocal.
+	Local Store
+	// Log receives store failures, at most one line a second.
+	Log *zap.Logger
+}
+
+// Limiter applies rules through a store and handles its failures by each
+// zone's policy (allow, deny or local); failures are logged at most once a
+// second. With a deny cache, requests that the store has shown cannot pass
+// yet are denied on this node without asking it.
 type Limiter struct {
 	store   Store
 	cache   *DenyCache
+	local   Store
 	log     *zap.Logger
 	lastLog atomic.Int64 // unix nanoseconds of the last failure logged
 	failed  atomic.Uint64
 }
 
-// New returns a limiter deciding through store and logging store failures
-// to log (which may be nil). cache may be nil; it is worth having only in
-// front of a shared (Redis) store.
-func New(store Store, cache *DenyCache, log *zap.Logger) *Limiter {
-	if log == nil {
-		log = zap.NewNop()
+// New returns a limiter deciding through store.
+func New(store Store, opt Options) *Limiter {
+	if opt.Log == nil {
+		opt.Log = zap.NewNop()
 	}
-	return &Limiter{store: store, cache: cache, log: log}
+	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log}
 }
 
 // Cache returns the limiter's deny cache, or nil.
 func (l *Limiter) Cache() *DenyCache { return l.cache }
 
-// Decide decides one request against all its zones; see Store.Decide. On a
-// store failure the results are filled as if every zone admitted without
-// charge, and the outcome is FailedOpen.
+// Store returns the limiter's store.
+func (l *Limiter) Store() Store { return l.store }
+
+// Decide decides one request against all its zones; see Store.Decide. When
+// the store fails, each zone's policy applies (see Outcome); zones left
+// unconsulted are marked Unknown.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	if l.cache == nil {
 		return l.decide(ctx, reqs, results)
@@ -125,12 +168,12 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return l.fail(reqs, results, ctx.Err())
+			return l.fail(ctx, reqs, results, ctx.Err())
 		}
 	}
 	sent := l.cache.now()
 	out := l.decide(ctx, reqs, results)
-	if out != FailedOpen {
+	if out == Admitted || out == Denied {
 		l.cache.learn(reqs, results, sent, out == Admitted)
 	}
 	l.cache.release(&p)
@@ -145,17 +188,75 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 		}
 		return Denied
 	}
-	return l.fail(reqs, results, err)
+	return l.fail(ctx, reqs, results, err)
 }
 
-// fail applies the failure policy: the request passes unlimited.
-func (l *Limiter) fail(reqs []Request, results []Result, err error) Outcome {
+// breakered is a store with a circuit breaker.
+type breakered interface{ Breaker() *Breaker }
+
+// fail applies the zones' failure policies to a request the store could
+// not decide: deny wins over local, local over allow.
+func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
-	for i := range reqs {
-		results[i] = Result{Allowed: true, Remaining: reqs[i].Rule.Burst}
-	}
 	l.logFailure(err)
+	deny, local := false, false
+	for i := range reqs {
+		switch reqs[i].Rule.OnError {
+		case PolicyDeny:
+			deny = true
+		case PolicyLocal:
+			local = local || reqs[i].Rule.Local != nil
+		}
+		results[i] = Result{Allowed: true, Unknown: true}
+	}
+	switch {
+	case deny:
+		retry := time.Second
+		if b, ok := l.store.(breakered); ok && b.Breaker() != nil {
+			retry = max(retry, b.Breaker().RetryAfter())
+		}
+		for i := range reqs {
+			if reqs[i].Rule.OnError == PolicyDeny {
+				results[i] = Result{RetryAfter: retry, Unknown: true}
+			}
+		}
+		return FailedClosed
+	case local && l.local != nil:
+		return l.decideLocal(ctx, reqs, results)
+	}
 	return FailedOpen
+}
+
+// decideLocal decides the zones with the local policy on this node's
+// fallback buckets; the other zones stay Unknown.
+func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Result) Outcome {
+	var reqBuf [8]Request
+	var resBuf [8]Result
+	var idxBuf [8]int
+	lreqs, idx := reqBuf[:0], idxBuf[:0]
+	for i := range reqs {
+		if r := reqs[i].Rule; r.OnError == PolicyLocal && r.Local != nil {
+			lreqs = append(lreqs, Request{Rule: r.Local, Key: reqs[i].Key, Cost: reqs[i].Cost})
+			idx = append(idx, i)
+		}
+	}
+	lres := resBuf[:]
+	if len(lreqs) > len(lres) {
+		lres = make([]Result, len(lreqs))
+	}
+	lres = lres[:len(lreqs)]
+	ok, err := l.local.Decide(ctx, lreqs, lres)
+	if err != nil {
+		return FailedOpen
+	}
+	for j, i := range idx {
+		results[i] = lres[j]
+		results[i].owed = 0
+	}
+	if ok {
+		return LocalAdmitted
+	}
+	return LocalDenied
 }
 
 // Failures returns how many decisions failed over to the policy so far.
@@ -169,6 +270,6 @@ func (l *Limiter) logFailure(err error) {
 	if now-last < int64(time.Second) || !l.lastLog.CompareAndSwap(last, now) {
 		return
 	}
-	l.log.Warn("rate limit store failed; requests pass unlimited (fail open)",
+	l.log.Warn("rate limit store failed; each zone applies its failure policy (allow unless set)",
 		zap.Error(err), zap.Uint64("failures_total", l.failed.Load()))
 }

@@ -17,7 +17,7 @@ import (
 func TestLimiterOutcomes(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
-	l := New(newMemory(t, clk), nil, nil)
+	l := New(newMemory(t, clk), Options{})
 	r := mustRule(t, "api", 1, time.Hour, 2)
 	reqs := []Request{{Rule: r, Key: "k", Cost: 1}}
 	results := make([]Result, 1)
@@ -39,7 +39,7 @@ func TestLimiterFailsOpen(t *testing.T) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
 	rs := newRedisStore(t, RedisOptions{Address: addr, Timeout: 100 * time.Millisecond})
 	core, logs := observer.New(zapcore.WarnLevel)
-	l := New(rs, nil, zap.New(core))
+	l := New(rs, Options{Log: zap.New(core)})
 	api := mustRule(t, "api", 3, time.Second, 0)
 	login := mustRule(t, "login", 5, time.Minute, 10)
 	reqs := []Request{{Rule: api, Key: "k", Cost: 1}, {Rule: login, Key: "k", Cost: 1}}
@@ -50,7 +50,7 @@ func TestLimiterFailsOpen(t *testing.T) {
 		if got := l.Decide(context.Background(), reqs, results); got != FailedOpen {
 			t.Fatalf("decision %d against a closed port: %v, want FailedOpen", i, got)
 		}
-		want := []Result{{Allowed: true, Remaining: 3}, {Allowed: true, Remaining: 10}}
+		want := []Result{{Allowed: true, Unknown: true}, {Allowed: true, Unknown: true}}
 		if results[0] != want[0] || results[1] != want[1] {
 			t.Fatalf("decision %d: results %+v, want %+v", i, results, want)
 		}

@@ -34,6 +34,12 @@ type RedisOptions struct {
 	// decision that arrives while they are busy joins the next one.
 	// Default 8.
 	Pipelines int
+	// BreakerFailures is how many consecutive failed decisions open the
+	// circuit breaker. Default 5.
+	BreakerFailures int
+	// BreakerCooldown is how long an open breaker keeps decisions away
+	// from Redis before one probe may close it. Default 1s.
+	BreakerCooldown time.Duration
 	// Clock, when set, fixes the script's time (microseconds) for tests.
 	// Production leaves it nil: the clock is then Redis TIME, the same for
 	// every node whatever their own clocks say.
@@ -63,6 +69,7 @@ type RedisStore struct {
 	timeout time.Duration
 	clock   func() int64
 	script  *redis.Script
+	breaker *Breaker
 
 	queue chan *call
 	stop  chan struct{}
@@ -120,6 +127,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		timeout: opt.Timeout,
 		clock:   opt.Clock,
 		script:  redis.NewScript(lua.TokenBucket),
+		breaker: NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
 		queue:   make(chan *call, 4096),
 		stop:    make(chan struct{}),
 	}
@@ -141,8 +149,26 @@ func (s *RedisStore) Key(zone, clientKey string) string {
 	return s.prefix + zone + ":{" + clientKey + "}"
 }
 
-// Decide implements Store.
+// Breaker returns the store's circuit breaker.
+func (s *RedisStore) Breaker() *Breaker { return s.breaker }
+
+// Decide implements Store. While the circuit breaker is open it fails at
+// once with ErrBreakerOpen.
 func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	if !s.breaker.Allow() {
+		return false, ErrBreakerOpen
+	}
+	ok, err := s.decide(ctx, reqs, results)
+	switch {
+	case err == nil:
+		s.breaker.Success()
+	case !errors.Is(err, context.Canceled): // a client that left is not Redis' fault
+		s.breaker.Failure()
+	}
+	return ok, err
+}
+
+func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
 	c := &call{
 		keys: make([]string, len(reqs)),
 		args: make([]any, 1, 1+4*len(reqs)),

@@ -47,6 +47,12 @@ type Rule struct {
 	// Exact reports whether Interval is exact (true for every rule whose
 	// per-microsecond rate reduces to a denominator of at most 1000).
 	Exact bool
+
+	// OnError is what the zone does when the store fails (see
+	// SetFailurePolicy); the zero value allows.
+	OnError Policy
+	// Local is the rule of this node's fallback bucket under PolicyLocal.
+	Local *Rule
 }
 
 // Sentinel errors returned by NewRule.

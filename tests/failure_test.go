@@ -1,0 +1,236 @@
+package tests
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// TestFailurePolicies stops Redis and checks each zone's policy: deny
+// answers 503 with Retry-After, local enforces the node's share of the
+// limit, allow passes everything.
+func TestFailurePolicies(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	n := startCaddy(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 50ms
+		}
+		zone login {
+			key {header.X-User}
+			rate 100 1h
+			on_error deny
+			match {
+				path /login
+			}
+		}
+		zone search {
+			key {header.X-User}
+			rate 10 1h
+			on_error local
+			fleet_size 2
+			match {
+				path /search
+			}
+		}
+		zone api {
+			key {header.X-User}
+			rate 1 1h
+			match {
+				path /api
+			}
+		}
+	}
+	respond "ok"`, r.Addr))
+	// With Redis up: one token for api, and it is spent.
+	if got := n.statuses(2, "/api", "X-User: u"); got[200] != 1 || got[429] != 1 {
+		t.Fatalf("redis up, api: %v", got)
+	}
+	r.Stop()
+
+	// deny: 503 (the store failed, not the client), with Retry-After.
+	for range 3 {
+		resp := n.get("/login", "X-User: u")
+		if resp.Status != 503 {
+			t.Fatalf("login with redis down: %d, want 503", resp.Status)
+		}
+		if s, _ := strconv.Atoi(resp.Header.Get("Retry-After")); s < 1 {
+			t.Fatalf("login 503 without a Retry-After: %q", resp.Header.Get("Retry-After"))
+		}
+		if resp.Header.Get("Ratelimit") != "" {
+			t.Errorf("a 503 must not claim a rate limit state: %q", resp.Header.Get("Ratelimit"))
+		}
+	}
+	// local: 10 per hour for a fleet of 2 is 5 per hour and a burst of 5 on
+	// this node, reported in the headers of the local bucket.
+	got := n.statuses(8, "/search", "X-User: u")
+	if got[200] != 5 || got[429] != 3 {
+		t.Fatalf("search with redis down (local, fleet_size 2): %v, want 5 admitted then 429", got)
+	}
+	resp := n.get("/search", "X-User: u")
+	check(t, resp, "X-Ratelimit-Remaining", "0")
+	check(t, resp, "Retry-After", "720") // a token of 5 per hour
+	// allow: everything passes, even the key Redis had emptied... unless
+	// this node's deny cache knows it is empty, which stays exact.
+	if got := n.statuses(5, "/api", "X-User: other"); got[200] != 5 {
+		t.Fatalf("api with redis down (allow): %v, want all admitted", got)
+	}
+}
+
+// TestRedisHangBreaker pauses Redis (SIGSTOP) under load: every decision
+// returns within the timeout plus 5 ms at the 99.9th percentile (the
+// breaker answers at once after a few failures), and once Redis continues,
+// exact limiting is back within the breaker's cooldown.
+func TestRedisHangBreaker(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	const timeout = 50 * time.Millisecond
+	n := startCaddy(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 50ms
+			breaker_failures 3
+			breaker_cooldown 1s
+		}
+		zone api {
+			key {header.X-Key}
+			rate 1 1h
+		}
+	}
+	respond "ok"`, r.Addr))
+	if got := n.statuses(2, "/", "X-Key: spent"); got[200] != 1 || got[429] != 1 {
+		t.Fatalf("redis up: %v", got)
+	}
+	r.Pause()
+	paused := time.Now()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Since(paused) < 2*time.Second; i++ {
+				t0 := time.Now()
+				resp := n.get("/", fmt.Sprintf("X-Key: k%d-%d", w, i))
+				d := time.Since(t0)
+				if resp.Status != 200 {
+					t.Errorf("redis hung: status %d, want 200 (fail open)", resp.Status)
+					return
+				}
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	t.Logf("redis paused for 2 s: %d requests; latency p50 %s, p99 %s, p99.9 %s, max %s (timeout %s)",
+		len(lat), pct(0.5), pct(0.99), pct(0.999), lat[len(lat)-1], timeout)
+	if p := pct(0.999); p > timeout+5*time.Millisecond {
+		t.Errorf("p99.9 latency %s with redis hung: above the timeout %s plus 5ms", p, timeout)
+	}
+	slow := 0
+	for _, d := range lat {
+		if d > timeout/2 {
+			slow++
+		}
+	}
+	if slow > len(lat)/10 {
+		t.Errorf("%d of %d requests waited for the timeout: the breaker did not open", slow, len(lat))
+	}
+
+	r.Resume()
+	resumed := time.Now()
+	// Within the cooldown (1 s) plus a probe, a fresh key is limited again.
+	for {
+		got := n.statuses(2, "/", "X-Key: after")
+		if got[200] == 1 && got[429] == 1 {
+			break
+		}
+		if time.Since(resumed) > 1500*time.Millisecond {
+			t.Fatalf("exact limiting not back %s after redis continued: %v", time.Since(resumed), got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("exact limiting back %s after redis continued (cooldown 1s)", time.Since(resumed).Round(time.Millisecond))
+	// The state from before the hang is intact.
+	if resp := n.get("/", "X-Key: spent"); resp.Status != 429 {
+		t.Errorf("the bucket spent before the hang: %d, want 429", resp.Status)
+	}
+}
+
+// TestRedisRestart stops and restarts Redis (losing data and the script
+// cache) while requests flow: clients see no error beyond the policy, and
+// limiting resumes with the script loaded again.
+func TestRedisRestart(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	n := startCaddy(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 50ms
+			breaker_cooldown 200ms
+		}
+		zone api {
+			key {header.X-Key}
+			rate 3 1h
+		}
+	}
+	respond "ok"`, r.Addr))
+	if got := n.statuses(4, "/", "X-Key: before"); got[200] != 3 || got[429] != 1 {
+		t.Fatalf("before the restart: %v", got)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad sync.Map
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := n.Do("GET", "/", fmt.Sprintf("X-Key: flow-%d-%d", w, i))
+				if err != nil || (resp.Status != 200 && resp.Status != 429) {
+					bad.Store(fmt.Sprint(resp.Status, err), true)
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	r.Restart()
+	time.Sleep(700 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	bad.Range(func(k, _ any) bool {
+		t.Errorf("a request failed across the restart: %v", k)
+		return true
+	})
+	// Limiting works again on the new (empty) Redis, script reloaded.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		got := n.statuses(4, "/", "X-Key: after")
+		if got[200] == 3 && got[429] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the restart: %v, want 3 admitted and 1 denied", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
