@@ -28,10 +28,25 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	rate_limit [<matcher>] {
 //	    redis {
-//	        address    <host:port>
+//	        address    <host:port> [<host:port>...]   # several: a Cluster
+//	        cluster                                   # Cluster with one seed
+//	        sentinel   <master_name> <addr>...
+//	        sentinel_username <user>
+//	        sentinel_password <password>
 //	        username   <user>
 //	        password   <password>
 //	        db         <n>
+//	        tls {
+//	            ca <file>
+//	            cert <file>
+//	            key <file>
+//	            server_name <name>
+//	            insecure_skip_verify
+//	        }
+//	        pool_size  <n>
+//	        dial_timeout <duration>
+//	        protocol   2|3
+//	        disable_identity
 //	        key_prefix <prefix>
 //	        timeout    <duration>
 //	        deny_cache_size <n>
@@ -105,6 +120,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// redisSubdirectives lists the redis block's subdirectives, for errors.
+const redisSubdirectives = "address, cluster, sentinel, sentinel_username, sentinel_password, username, password, db, tls, " +
+	"pool_size, dial_timeout, timeout, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
+
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	start := *d
 	if d.NextArg() {
@@ -112,21 +131,65 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
+		switch sub {
+		case "address":
+			addrs := d.RemainingArgs()
+			if len(addrs) == 0 {
+				return d.ArgErr()
+			}
+			if c.Address != "" || len(c.Addresses) > 0 {
+				return d.Err("redis address given twice (list every Cluster node on one address line)")
+			}
+			if len(addrs) == 1 {
+				c.Address = addrs[0]
+			} else {
+				c.Addresses = addrs
+			}
+			continue
+		case "sentinel":
+			args := d.RemainingArgs()
+			if len(args) < 2 {
+				return d.Err("redis sentinel needs the master name and at least one sentinel address: sentinel <master_name> <addr>...")
+			}
+			c.SentinelMaster, c.SentinelAddresses = args[0], args[1:]
+			continue
+		case "cluster", "disable_identity":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if sub == "cluster" {
+				c.Cluster = true
+			} else {
+				c.DisableIdentity = true
+			}
+			continue
+		case "tls":
+			if c.TLS != nil {
+				return d.Err("redis: only one tls block is allowed")
+			}
+			c.TLS = new(RedisTLS)
+			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+			continue
+		}
 		var arg string
 		if !d.AllArgs(&arg) {
-			if sub == "password" {
+			if sub == "password" || sub == "sentinel_password" {
 				// ArgErr would quote the password.
-				return d.Err("redis password takes one argument (quote it if it has spaces)")
+				return d.Errf("redis %s takes one argument (quote it if it has spaces)", sub)
 			}
 			return d.ArgErr()
 		}
 		switch sub {
-		case "address":
-			c.Address = arg
 		case "username":
 			c.Username = arg
 		case "password":
 			c.Password = arg
+		case "sentinel_username":
+			c.SentinelUsername = arg
+		case "sentinel_password":
+			c.SentinelPassword = arg
 		case "db":
 			n, err := strconv.ParseInt(arg, 10, 32)
 			if err != nil || n < 0 {
@@ -135,36 +198,84 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			c.DB = int(n)
 		case "key_prefix":
 			c.KeyPrefix = arg
-		case "timeout":
+		case "protocol":
+			if arg != "2" && arg != "3" {
+				return d.Errf("redis protocol must be 2 or 3, got %q", arg)
+			}
+			c.Protocol, _ = strconv.Atoi(arg)
+		case "timeout", "dial_timeout", "breaker_cooldown":
 			dur, err := caddy.ParseDuration(arg)
 			if err != nil || dur <= 0 {
-				return d.Errf("redis timeout must be a positive duration, got %q", arg)
+				return d.Errf("redis %s must be a positive duration, got %q", sub, arg)
 			}
-			c.Timeout = caddy.Duration(dur)
-		case "breaker_failures":
+			switch sub {
+			case "timeout":
+				c.Timeout = caddy.Duration(dur)
+			case "dial_timeout":
+				c.DialTimeout = caddy.Duration(dur)
+			default:
+				c.BreakerCooldown = caddy.Duration(dur)
+			}
+		case "pool_size", "breaker_failures", "deny_cache_size":
 			n, err := strconv.ParseInt(arg, 10, 32)
 			if err != nil || n <= 0 {
-				return d.Errf("redis breaker_failures must be a positive integer, got %q", arg)
+				return d.Errf("redis %s must be a positive integer, got %q", sub, arg)
 			}
-			c.BreakerFailures = int(n)
-		case "breaker_cooldown":
-			dur, err := caddy.ParseDuration(arg)
-			if err != nil || dur <= 0 {
-				return d.Errf("redis breaker_cooldown must be a positive duration, got %q", arg)
+			switch sub {
+			case "pool_size":
+				c.PoolSize = int(n)
+			case "breaker_failures":
+				c.BreakerFailures = int(n)
+			default:
+				c.DenyCacheSize = int(n)
 			}
-			c.BreakerCooldown = caddy.Duration(dur)
-		case "deny_cache_size":
-			n, err := strconv.ParseInt(arg, 10, 32)
-			if err != nil || n <= 0 {
-				return d.Errf("redis deny_cache_size must be a positive integer, got %q", arg)
-			}
-			c.DenyCacheSize = int(n)
 		default:
-			return d.Errf("unknown redis subdirective %q (want address, username, password, db, key_prefix, timeout, breaker_failures, breaker_cooldown or deny_cache_size)", sub)
+			return d.Errf("unknown redis subdirective %q (want %s)", sub, redisSubdirectives)
 		}
 	}
-	if c.Address == "" {
-		return start.Err("redis block needs an address")
+	switch {
+	case c.Address == "" && len(c.Addresses) == 0 && c.SentinelMaster == "":
+		return start.Err("redis block needs an address (or several for a Cluster, or sentinel <master> <addr>...)")
+	case c.SentinelMaster != "" && (c.Address != "" || len(c.Addresses) > 0):
+		return start.Err("redis block has both sentinel and address: sentinels find the master")
+	case c.Cluster && c.SentinelMaster != "":
+		return start.Err("redis block has both cluster and sentinel")
+	}
+	return nil
+}
+
+func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if sub == "insecure_skip_verify" {
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			t.InsecureSkipVerify = true
+			continue
+		}
+		var arg string
+		if !d.AllArgs(&arg) {
+			return d.ArgErr()
+		}
+		switch sub {
+		case "ca":
+			t.CA = arg
+		case "cert":
+			t.Cert = arg
+		case "key":
+			t.Key = arg
+		case "server_name":
+			t.ServerName = arg
+		default:
+			return d.Errf("unknown redis tls subdirective %q (want ca, cert, key, server_name or insecure_skip_verify)", sub)
+		}
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return d.Err("redis tls needs both cert and key for a client certificate")
 	}
 	return nil
 }

@@ -569,6 +569,108 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 3, "redis block needs an address"},
+	{"sentinel without addresses", `:80 {
+	rate_limit {
+		redis {
+			sentinel mymaster
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 4, "sentinel needs the master name and at least one sentinel address"},
+	{"sentinel and address", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			sentinel m 127.0.0.1:26379
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 3, "both sentinel and address"},
+	{"address twice", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			address 127.0.0.1:6380
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, "redis address given twice"},
+	{"bad protocol", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			protocol 4
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis protocol must be 2 or 3, got "4"`},
+	{"bad pool size", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			pool_size 0
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis pool_size must be a positive integer, got "0"`},
+	{"bad dial timeout", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			dial_timeout soon
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis dial_timeout must be a positive duration, got "soon"`},
+	{"tls cert without key", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			tls {
+				cert /x.pem
+			}
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 7, "redis tls needs both cert and key"},
+	{"unknown tls subdirective", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			tls {
+				cipher x
+			}
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 6, `unknown redis tls subdirective "cipher"`},
+	{"sentinel password without argument", `:80 {
+	rate_limit {
+		redis {
+			sentinel m 127.0.0.1:26379
+			sentinel_password
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, "redis sentinel_password takes one argument"},
 	{"two redis blocks", `:80 {
 	rate_limit {
 		redis {

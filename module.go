@@ -7,11 +7,14 @@ package fleetlimit
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,13 +76,42 @@ type Handler struct {
 type RedisConfig struct {
 	// Address is the server's host:port.
 	Address string `json:"address,omitempty"`
+	// Addresses are the seed nodes of a Redis Cluster (any reachable
+	// node will do; the client discovers the rest).
+	Addresses []string `json:"addresses,omitempty"`
+	// Cluster selects Redis Cluster with a single seed Address. Several
+	// addresses always mean a Cluster.
+	Cluster bool `json:"cluster,omitempty"`
+	// SentinelMaster is the master name that Redis Sentinel monitors;
+	// with it, SentinelAddresses list the sentinels, which tell the
+	// client where the master is, also after a failover.
+	SentinelMaster    string   `json:"sentinel_master,omitempty"`
+	SentinelAddresses []string `json:"sentinel_addresses,omitempty"`
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// ({env.*} placeholders are expanded; never logged).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// Username is the ACL user; {env.*} placeholders are expanded.
 	Username string `json:"username,omitempty"`
 	// Password authenticates; {env.*} placeholders are expanded. It is
 	// never logged.
 	Password string `json:"password,omitempty"`
-	// DB is the database number. Default: 0.
+	// DB is the database number (not with a Cluster). Default: 0.
 	DB int `json:"db,omitempty"`
+	// TLS encrypts every connection (servers and sentinels).
+	TLS *RedisTLS `json:"tls,omitempty"`
+	// PoolSize is the most connections per Redis server and node.
+	// Default: 10.
+	PoolSize int `json:"pool_size,omitempty"`
+	// DialTimeout bounds opening a connection. Default: 1s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+	// Protocol is the RESP version, 2 or 3. Default: 3, falling back to 2
+	// when the server does not speak 3.
+	Protocol int `json:"protocol,omitempty"`
+	// DisableIdentity skips CLIENT SETINFO on connect, for proxies and
+	// managed services that reject it (use with protocol 2 for those that
+	// reject HELLO too).
+	DisableIdentity bool `json:"disable_identity,omitempty"`
 	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
 	KeyPrefix string `json:"key_prefix,omitempty"`
 	// Timeout bounds each decision; when it runs out the request passes
@@ -98,6 +130,22 @@ type RedisConfig struct {
 	// from Redis; then one request probes it, and its success closes the
 	// breaker. Default: 1s.
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust. Default:
+	// the system's.
+	CA string `json:"ca,omitempty"`
+	// Cert and Key are PEM files of a client certificate, for servers
+	// that require one.
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// ServerName is the name to verify in the server's certificate.
+	// Default: the host of the address.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 }
 
 // Zone is one limit: a token bucket per client key.
@@ -517,32 +565,59 @@ func (z *Zone) costOf(repl *caddy.Replacer) (int64, bool) {
 // redisOptions are the resolved connection settings of a RedisConfig.
 type redisOptions struct {
 	limiter.RedisOptions
+	tlsID []any // the TLS settings, for the pool key
 }
 
 func (c *RedisConfig) options() (redisOptions, error) {
 	repl := caddy.NewReplacer()
-	o := redisOptions{limiter.RedisOptions{
-		Address:   repl.ReplaceKnown(c.Address, ""),
-		Username:  repl.ReplaceKnown(c.Username, ""),
-		Password:  repl.ReplaceKnown(c.Password, ""),
-		DB:        c.DB,
-		KeyPrefix: c.KeyPrefix,
-		Timeout:   time.Duration(c.Timeout),
+	expand := func(v string) string { return repl.ReplaceKnown(v, "") }
+	expandAll := func(vs []string) []string {
+		out := make([]string, len(vs))
+		for i, v := range vs {
+			out[i] = expand(v)
+		}
+		return out
+	}
+	o := redisOptions{RedisOptions: limiter.RedisOptions{
+		Address:           expand(c.Address),
+		Addresses:         expandAll(c.Addresses),
+		Cluster:           c.Cluster,
+		SentinelMaster:    c.SentinelMaster,
+		SentinelAddresses: expandAll(c.SentinelAddresses),
+		SentinelUsername:  expand(c.SentinelUsername),
+		SentinelPassword:  expand(c.SentinelPassword),
+		Username:          expand(c.Username),
+		Password:          expand(c.Password),
+		DB:                c.DB,
+		Protocol:          c.Protocol,
+		DisableIdentity:   c.DisableIdentity,
+		PoolSize:          c.PoolSize,
+		DialTimeout:       time.Duration(c.DialTimeout),
+		KeyPrefix:         c.KeyPrefix,
+		Timeout:           time.Duration(c.Timeout),
 
 		BreakerFailures: c.BreakerFailures,
 		BreakerCooldown: time.Duration(c.BreakerCooldown),
 	}}
-	if o.Address == "" {
+	switch {
+	case o.Address == "" && len(o.Addresses) == 0 && o.SentinelMaster == "":
 		return o, errors.New("rate_limit: redis: address is required")
-	}
-	if o.DB < 0 {
+	case o.SentinelMaster != "" && len(o.SentinelAddresses) == 0:
+		return o, errors.New("rate_limit: redis: sentinel_master needs sentinel_addresses")
+	case o.SentinelMaster != "" && (o.Address != "" || len(o.Addresses) > 0):
+		return o, errors.New("rate_limit: redis: give either sentinels or server addresses, not both")
+	case o.DB < 0:
 		return o, errors.New("rate_limit: redis: db must not be negative")
-	}
-	if o.Timeout < 0 {
+	case o.Timeout < 0 || o.DialTimeout < 0:
 		return o, errors.New("rate_limit: redis: timeout must not be negative")
-	}
-	if o.BreakerFailures < 0 || o.BreakerCooldown < 0 {
+	case o.BreakerFailures < 0 || o.BreakerCooldown < 0:
 		return o, errors.New("rate_limit: redis: breaker_failures and breaker_cooldown must not be negative")
+	case o.PoolSize < 0:
+		return o, errors.New("rate_limit: redis: pool_size must not be negative")
+	case o.Protocol != 0 && o.Protocol != 2 && o.Protocol != 3:
+		return o, errors.New("rate_limit: redis: protocol must be 2 or 3")
+	case (o.Cluster || len(o.Addresses) > 0) && o.DB != 0:
+		return o, errors.New("rate_limit: redis: a Cluster has only db 0")
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = "rl:"
@@ -550,13 +625,54 @@ func (c *RedisConfig) options() (redisOptions, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 25 * time.Millisecond
 	}
+	if c.TLS != nil {
+		cfg, err := c.TLS.config()
+		if err != nil {
+			return o, fmt.Errorf("rate_limit: redis: tls: %w", err)
+		}
+		o.TLS = cfg
+		o.tlsID = []any{c.TLS.CA, c.TLS.Cert, c.TLS.Key, c.TLS.ServerName, c.TLS.InsecureSkipVerify}
+	}
 	return o, nil
+}
+
+// config builds the TLS configuration, reading the files.
+func (t *RedisTLS) config() (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // the operator's explicit choice, for tests
+	}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("reading ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificate found in ca file %s", t.CA)
+		}
+		cfg.RootCAs = pool
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, errors.New("a client certificate needs both cert and key")
+	}
+	if t.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("loading client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // poolKey identifies a connection configuration without revealing its
 // secrets.
 func (o redisOptions) poolKey() string {
-	b, _ := json.Marshal([]any{o.Address, o.Username, o.Password, o.DB, o.KeyPrefix, o.Timeout, o.BreakerFailures, o.BreakerCooldown})
+	b, _ := json.Marshal([]any{o.Address, o.Addresses, o.Cluster, o.SentinelMaster, o.SentinelAddresses,
+		o.SentinelUsername, o.SentinelPassword, o.Username, o.Password, o.DB, o.Protocol, o.DisableIdentity,
+		o.PoolSize, o.DialTimeout, o.KeyPrefix, o.Timeout, o.BreakerFailures, o.BreakerCooldown, o.tlsID})
 	sum := sha256.Sum256(b)
 	return "redis:" + hex.EncodeToString(sum[:])
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,15 +16,37 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// RedisOptions configures a RedisStore.
+// RedisOptions configures a RedisStore. The topology follows from the
+// addresses: SentinelMaster set means Sentinel; several addresses (or
+// Cluster) mean a Redis Cluster; otherwise one server.
 type RedisOptions struct {
-	// Address is the Redis server's host:port.
+	// Address is the Redis server's host:port (or a Cluster seed).
 	Address string
+	// Addresses are more servers: with Address, the seed nodes of a
+	// Redis Cluster.
+	Addresses []string
+	// Cluster selects Redis Cluster even with a single seed address.
+	Cluster bool
+	// SentinelMaster is the name of the master that Sentinel monitors;
+	// SentinelAddresses are the sentinels' host:port.
+	SentinelMaster    string
+	SentinelAddresses []string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels.
+	SentinelUsername string
+	SentinelPassword string
 	// Username and Password authenticate (ACL user, or password alone).
 	Username string
 	Password string
-	// DB is the database number.
+	// DB is the database number (not in Cluster mode).
 	DB int
+	// TLS, when set, is the TLS configuration of every connection.
+	TLS *tls.Config
+	// Protocol is the RESP version, 2 or 3. Default 3 (go-redis falls back
+	// to 2 when the server does not speak 3).
+	Protocol int
+	// DisableIdentity skips CLIENT SETINFO on connect, for proxies and
+	// managed services that reject it.
+	DisableIdentity bool
 	// KeyPrefix starts every bucket key. Default "rl:".
 	KeyPrefix string
 	// Timeout bounds one decision, queueing included. Default 25ms.
@@ -34,16 +57,27 @@ type RedisOptions struct {
 	// decision that arrives while they are busy joins the next one.
 	// Default 8.
 	Pipelines int
+	// PoolSize is the most connections per server. Default Pipelines+2.
+	PoolSize int
 	// BreakerFailures is how many consecutive failed decisions open the
 	// circuit breaker. Default 5.
 	BreakerFailures int
 	// BreakerCooldown is how long an open breaker keeps decisions away
 	// from Redis before one probe may close it. Default 1s.
 	BreakerCooldown time.Duration
-	// Clock, when set, fixes the script's time (microseconds) for tests.
+	// Clock, when set, fixes the scripts' time (microseconds) for tests.
 	// Production leaves it nil: the clock is then Redis TIME, the same for
 	// every node whatever their own clocks say.
 	Clock func() int64
+}
+
+// addrs returns every address of the options.
+func (o *RedisOptions) addrs() []string {
+	var all []string
+	if o.Address != "" {
+		all = append(all, o.Address)
+	}
+	return append(all, o.Addresses...)
 }
 
 // quietRedisLog replaces go-redis' own logger, which prints every failed
@@ -64,11 +98,13 @@ const maxBatch = 256
 // trips (automatic pipelining): a few workers each take everything queued,
 // write it in one go and read the replies in order.
 type RedisStore struct {
-	client  *redis.Client
+	client  redis.UniversalClient
+	cluster bool
 	prefix  string
 	timeout time.Duration
 	clock   func() int64
 	script  *redis.Script
+	refund  *redis.Script
 	breaker *Breaker
 
 	queue chan *call
@@ -76,21 +112,34 @@ type RedisStore struct {
 	wg    sync.WaitGroup
 }
 
-// call is one decision travelling to a pipeline worker and back.
+// call is one script call travelling to a pipeline worker and back.
 type call struct {
-	keys  []string
-	args  []any
-	reply []any
-	err   error
-	done  chan struct{}
+	script *redis.Script
+	keys   []string
+	args   []any
+	reply  []any
+	err    error
+	done   chan struct{}
 }
 
 // NewRedisStore connects lazily to Redis and starts the pipeline workers;
 // Close stops them. It fails only on invalid options: an unreachable Redis
 // is a decision-time error, handled by the failure policy.
 func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
-	if opt.Address == "" {
+	addrs := opt.addrs()
+	switch {
+	case opt.SentinelMaster != "" && len(opt.SentinelAddresses) == 0:
+		return nil, errors.New("redis sentinel needs at least one sentinel address")
+	case opt.SentinelMaster != "" && len(addrs) > 0:
+		return nil, errors.New("redis: give either sentinels or server addresses, not both")
+	case opt.SentinelMaster == "" && len(addrs) == 0:
 		return nil, errors.New("redis address is required")
+	case opt.Protocol != 0 && opt.Protocol != 2 && opt.Protocol != 3:
+		return nil, fmt.Errorf("redis protocol must be 2 or 3, not %d", opt.Protocol)
+	}
+	cluster := opt.SentinelMaster == "" && (opt.Cluster || len(addrs) > 1)
+	if cluster && opt.DB != 0 {
+		return nil, errors.New("redis cluster has only database 0")
 	}
 	if opt.KeyPrefix == "" {
 		opt.KeyPrefix = "rl:"
@@ -104,29 +153,44 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	if opt.Pipelines <= 0 {
 		opt.Pipelines = 8
 	}
+	if opt.PoolSize <= 0 {
+		opt.PoolSize = opt.Pipelines + 2
+	}
 	silenceRedisLog.Do(func() { redis.SetLogger(quietRedisLog{}) })
-	client := redis.NewClient(&redis.Options{
-		Addr:        opt.Address,
-		Username:    opt.Username,
-		Password:    opt.Password,
-		DB:          opt.DB,
-		DialTimeout: opt.DialTimeout,
+	client := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:            addrs,
+		IsClusterMode:    cluster,
+		MasterName:       opt.SentinelMaster,
+		SentinelUsername: opt.SentinelUsername,
+		SentinelPassword: opt.SentinelPassword,
+		Username:         opt.Username,
+		Password:         opt.Password,
+		DB:               opt.DB,
+		TLSConfig:        opt.TLS,
+		Protocol:         opt.Protocol,
+		DisableIdentity:  opt.DisableIdentity,
+		DialTimeout:      opt.DialTimeout,
 		// Fail at once when Redis refuses connections: the failure policy,
 		// not a dial loop, decides what happens meanwhile.
 		DialerRetries:         1,
 		ReadTimeout:           opt.Timeout,
 		WriteTimeout:          opt.Timeout,
 		ContextTimeoutEnabled: true,
-		// A retried EVALSHA could charge a bucket twice.
-		MaxRetries: -1,
-		PoolSize:   opt.Pipelines + 2,
+		// A retried EVALSHA could charge a bucket twice. (Cluster
+		// redirections, MOVED and ASK, are not retries: the command did
+		// not run.)
+		MaxRetries:       -1,
+		PoolSize:         opt.PoolSize,
+		PipelinePoolSize: opt.PoolSize,
 	})
 	s := &RedisStore{
 		client:  client,
 		prefix:  opt.KeyPrefix,
 		timeout: opt.Timeout,
 		clock:   opt.Clock,
+		cluster: cluster,
 		script:  redis.NewScript(lua.TokenBucket),
+		refund:  redis.NewScript(lua.Refund),
 		breaker: NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
 		queue:   make(chan *call, 4096),
 		stop:    make(chan struct{}),
@@ -139,7 +203,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 }
 
 // Client returns the underlying go-redis client.
-func (s *RedisStore) Client() *redis.Client { return s.client }
+func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 
 // Key returns the Redis key of a zone's bucket for a client key: the prefix,
 // the zone, and the client key inside a Cluster hash tag, so that all of a
@@ -169,36 +233,202 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 }
 
 func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if !s.cluster || len(reqs) == 1 {
+		c := s.newCall(s.script, reqs, nil)
+		if err := s.send(ctx, c); err != nil {
+			return false, err
+		}
+		return decodeReply(c.reply, reqs, results)
+	}
+	return s.decideBySlot(ctx, reqs, results)
+}
+
+// decideBySlot decides a request whose zones' buckets may sit on several
+// Cluster slots: one script call per slot, all in one pipeline. When one
+// slot denies, the slots that admitted (and so charged) are refunded, so
+// that a denied request is charged to no zone. Between the charge and the
+// refund another request may find those buckets emptier than they will
+// be: a refund can cause a denial, never an admission beyond the limit.
+func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	var slotBuf [8]int
+	slots := slotBuf[:0]
+	for i := range reqs {
+		slots = append(slots, keySlot(s.Key(reqs[i].Rule.Name, reqs[i].Key)))
+	}
+	// Group the zones by slot, keeping each group in request order.
+	var groups [][]int
+	for i, sl := range slots {
+		placed := false
+		for g := range groups {
+			if slots[groups[g][0]] == sl {
+				groups[g] = append(groups[g], i)
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			groups = append(groups, []int{i})
+		}
+	}
+	if len(groups) == 1 {
+		c := s.newCall(s.script, reqs, nil)
+		if err := s.send(ctx, c); err != nil {
+			return false, err
+		}
+		return decodeReply(c.reply, reqs, results)
+	}
+	calls := make([]*call, len(groups))
+	for g, idx := range groups {
+		calls[g] = s.newCall(s.script, reqs, idx)
+	}
+	errs := s.sendAll(ctx, calls)
+	admitted := make([]bool, len(groups))
+	all := true
+	var firstErr error
+	for g, idx := range groups {
+		if errs[g] != nil {
+			all = false
+			firstErr = cmp(firstErr, errs[g])
+			continue
+		}
+		sub := subset(reqs, idx)
+		subRes := make([]Result, len(idx))
+		ok, err := decodeReply(calls[g].reply, sub, subRes)
+		if err != nil {
+			all = false
+			firstErr = cmp(firstErr, err)
+			continue
+		}
+		admitted[g] = ok
+		all = all && ok
+		for j, i := range idx {
+			results[i] = subRes[j]
+		}
+	}
+	if all {
+		return true, nil
+	}
+	// Give back what the admitting slots charged, and report their zones
+	// as not charged.
+	var refunds []*call
+	for g, idx := range groups {
+		if !admitted[g] {
+			continue
+		}
+		refunds = append(refunds, s.newCall(s.refund, reqs, idx))
+		sub := subset(reqs, idx)
+		subRes := make([]Result, len(idx))
+		if _, err := decodeReplyAs(calls[g].reply, sub, subRes, false); err == nil {
+			for j, i := range idx {
+				results[i] = subRes[j]
+			}
+		}
+	}
+	for _, err := range s.sendAll(ctx, refunds) {
+		firstErr = cmp(firstErr, err)
+	}
+	if firstErr != nil {
+		return false, firstErr
+	}
+	return false, nil
+}
+
+func cmp(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+func subset(reqs []Request, idx []int) []Request {
+	sub := make([]Request, len(idx))
+	for j, i := range idx {
+		sub[j] = reqs[i]
+	}
+	return sub
+}
+
+// newCall prepares a call of script for the zones idx of reqs (all zones
+// when idx is nil): the token bucket takes denom, interval, burst and cost
+// per zone, the refund denom, interval and cost.
+func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *call {
+	n := len(reqs)
+	if idx != nil {
+		n = len(idx)
+	}
 	c := &call{
-		keys: make([]string, len(reqs)),
-		args: make([]any, 1, 1+4*len(reqs)),
-		done: make(chan struct{}, 1),
+		script: script,
+		keys:   make([]string, 0, n),
+		args:   make([]any, 1, 1+4*n),
+		done:   make(chan struct{}, 1),
 	}
 	c.args[0] = "0"
 	if s.clock != nil {
 		c.args[0] = strconv.FormatInt(s.clock(), 10)
 	}
-	for i := range reqs {
-		r := reqs[i].Rule
-		c.keys[i] = s.Key(r.Name, reqs[i].Key)
-		c.args = append(c.args, r.Denom, r.Interval, r.Burst, reqs[i].Cost)
+	add := func(q *Request) {
+		r := q.Rule
+		c.keys = append(c.keys, s.Key(r.Name, q.Key))
+		if script == s.refund {
+			c.args = append(c.args, r.Denom, r.Interval, q.Cost)
+		} else {
+			c.args = append(c.args, r.Denom, r.Interval, r.Burst, q.Cost)
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+	if idx == nil {
+		for i := range reqs {
+			add(&reqs[i])
+		}
+	} else {
+		for _, i := range idx {
+			add(&reqs[i])
+		}
+	}
+	return c
+}
+
+// send queues one call for the pipeline workers and waits for its reply.
+func (s *RedisStore) send(ctx context.Context, c *call) error {
 	select {
 	case s.queue <- c:
 	case <-ctx.Done():
-		return false, s.ctxErr(ctx)
+		return s.ctxErr(ctx)
 	}
 	select {
 	case <-c.done:
+		return c.err
 	case <-ctx.Done():
-		return false, s.ctxErr(ctx)
+		return s.ctxErr(ctx)
 	}
-	if c.err != nil {
-		return false, c.err
+}
+
+// sendAll queues calls together, so that they share a pipeline, and waits
+// for every reply.
+func (s *RedisStore) sendAll(ctx context.Context, calls []*call) []error {
+	errs := make([]error, len(calls))
+	queued := 0
+	for _, c := range calls {
+		select {
+		case s.queue <- c:
+			queued++
+		case <-ctx.Done():
+		}
 	}
-	return decodeReply(c.reply, reqs, results)
+	for i, c := range calls {
+		if i >= queued {
+			errs[i] = s.ctxErr(ctx)
+			continue
+		}
+		select {
+		case <-c.done:
+			errs[i] = c.err
+		case <-ctx.Done():
+			errs[i] = s.ctxErr(ctx)
+		}
+	}
+	return errs
 }
 
 // Ping checks that Redis answers.
@@ -245,34 +475,72 @@ func (s *RedisStore) worker() {
 }
 
 // run sends a batch in one pipeline. A pipelined EVALSHA cannot fall back to
-// EVAL by itself, so calls answered NOSCRIPT (Redis restarted, or SCRIPT
-// FLUSH) are sent again once the script is loaded: NOSCRIPT means the
-// script did not run, so nothing is charged twice.
+// EVAL by itself, so calls answered NOSCRIPT (Redis restarted, failed over,
+// or SCRIPT FLUSH) are sent again once their script is loaded: NOSCRIPT
+// means the script did not run, so nothing is charged twice. So are calls
+// answered TRYAGAIN (a Cluster slot in migration), after a short pause.
 func (s *RedisStore) run(batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	cmds := s.exec(ctx, batch)
-	var again []*call
-	var pos []int
-	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
-			again, pos = append(again, batch[i]), append(pos, i)
-		}
-	}
-	if len(again) > 0 {
-		if err := s.script.Load(ctx, s.client).Err(); err == nil {
-			for j, cmd := range s.exec(ctx, again) {
-				cmds[pos[j]] = cmd
+	for attempt := 0; attempt < 3; attempt++ {
+		var again []*call
+		var pos []int
+		var load []*redis.Script
+		tryAgain := false
+		for i, cmd := range cmds {
+			switch err := cmd.Err(); {
+			case isNoScript(err):
+				again, pos = append(again, batch[i]), append(pos, i)
+				if !containsScript(load, batch[i].script) {
+					load = append(load, batch[i].script)
+				}
+			case redis.IsTryAgainError(err):
+				again, pos = append(again, batch[i]), append(pos, i)
+				tryAgain = true
 			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		for _, sc := range load {
+			if err := sc.Load(ctx, s.client).Err(); err != nil {
+				again = nil // report the NOSCRIPT errors as they are
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		if tryAgain {
+			select {
+			case <-time.After(2 * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+		for j, cmd := range s.exec(ctx, again) {
+			cmds[pos[j]] = cmd
 		}
 	}
 	for i, c := range batch {
-		c.reply, c.err = cmds[i].Slice()
+		if c.script == s.refund {
+			c.err = cmds[i].Err()
+		} else {
+			c.reply, c.err = cmds[i].Slice()
+		}
 		if c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
 		c.done <- struct{}{}
 	}
+}
+
+func containsScript(list []*redis.Script, sc *redis.Script) bool {
+	for _, x := range list {
+		if x == sc {
+			return true
+		}
+	}
+	return false
 }
 
 // cmdErr wraps a command's error. A socket deadline or the batch's context
@@ -290,7 +558,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*call) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(batch))
 	pipe := s.client.Pipeline()
 	for i, c := range batch {
-		cmds[i] = s.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	return cmds
@@ -303,6 +571,12 @@ func isNoScript(err error) bool {
 // decodeReply turns the script's reply into results, through the same
 // Rule.result as the memory store.
 func decodeReply(reply []any, reqs []Request, results []Result) (bool, error) {
+	return decodeReplyAs(reply, reqs, results, true)
+}
+
+// decodeReplyAs is decodeReply; with charged false it reports every zone as
+// not charged (the request was refunded).
+func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) (bool, error) {
 	if len(reply) != 1+3*len(reqs) {
 		return false, fmt.Errorf("redis: unexpected script reply of %d values for %d zones", len(reply), len(reqs))
 	}
@@ -320,7 +594,7 @@ func decodeReply(reply []any, reqs []Request, results []Result) (bool, error) {
 			admit = n == 1
 		}
 		v := verdict{debt: vals[0], after: vals[1], ok: vals[2] == 1, never: vals[2] == 2}
-		results[i] = reqs[i].Rule.result(v, admit)
+		results[i] = reqs[i].Rule.result(v, admit && charged)
 	}
 	return admit, nil
 }

@@ -9,3 +9,10 @@ import _ "embed"
 //
 //go:embed token_bucket.lua
 var TokenBucket string
+
+// Refund gives back what TokenBucket charged, for a request decided in
+// several calls (Redis Cluster slots) that another call denied; see
+// refund.lua.
+//
+//go:embed refund.lua
+var Refund string
