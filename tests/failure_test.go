@@ -87,9 +87,9 @@ func TestFailurePolicies(t *testing.T) {
 // TestRedisHangBreaker pauses Redis (SIGSTOP) under load: every decision
 // returns within the timeout plus 5 ms at the 99.9th percentile (the
 // breaker answers at once after a few failures), and once Redis continues,
-// exact limiting is back within the breaker's cooldown.
+// exact limiting is back within the breaker's cooldown. It measures
+// latency, so it does not run in parallel with the package's other tests.
 func TestRedisHangBreaker(t *testing.T) {
-	t.Parallel()
 	r := redistest.Start(t)
 	const timeout = 50 * time.Millisecond
 	n := startCaddy(t, "", fmt.Sprintf(`
