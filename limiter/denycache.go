@@ -104,6 +104,9 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 	now := c.now()
 	for i := range reqs {
 		r := reqs[i].Rule
+		if !r.cacheable() {
+			continue
+		}
 		id := c.hash.id(r.Name, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
@@ -124,7 +127,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 			for j := range results {
 				results[j] = Result{Allowed: true, Unknown: true}
 			}
-			results[i] = r.result(v, false)
+			results[i] = r.result(v, false, reqs[i].Cost)
 			c.hits.Add(1)
 			return true, nil
 		}
@@ -168,7 +171,7 @@ func (c *DenyCache) release(p *probe) {
 func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted bool) {
 	for i := range reqs {
 		res := &results[i]
-		if res.Unknown {
+		if res.Unknown || !reqs[i].Rule.cacheable() {
 			continue
 		}
 		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)

@@ -41,8 +41,12 @@ type Result struct {
 	// RetryAfter is, for a zone that denied, how long until the same
 	// request can be admitted by this zone; Never if it never can.
 	RetryAfter time.Duration
-	// ResetAfter is how long until the bucket is full again.
+	// ResetAfter is how long until the bucket is full again (the window
+	// algorithms: until the requests counted now no longer count).
 	ResetAfter time.Duration
+	// Delay is how long an admitted request must wait before it proceeds
+	// (leaky bucket only: its turn in the queue).
+	Delay time.Duration
 	// Unknown reports that the zone was not consulted: the deny cache
 	// answered the request from another zone's cached denial. Allowed is
 	// then true and the other fields are zero.

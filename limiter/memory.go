@@ -13,9 +13,23 @@ const numShards = 64
 
 type shard struct {
 	mu   sync.Mutex
-	m    map[bucketID]State
-	peak int // largest len(m) since the map was last rebuilt
-	_    [40]byte
+	m    map[bucketID]memEntry
+	logs map[bucketID]*logBucket // sliding logs, kept apart: they hold slices
+	peak int                     // largest len(m) since the map was last rebuilt
+	_    [32]byte
+}
+
+// memEntry is a bucket in memory: its state and the microsecond from which
+// it counts nothing any more (then it is as good as absent).
+type memEntry struct {
+	state   State
+	expires int64
+}
+
+// logBucket is a sliding log in memory.
+type logBucket struct {
+	entries []logEntry
+	expires int64
 }
 
 // MemoryStore keeps buckets in this process: the same arithmetic as the
@@ -48,7 +62,8 @@ func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 		done: make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[bucketID]State)
+		s.shards[i].m = make(map[bucketID]memEntry)
+		s.shards[i].logs = make(map[bucketID]*logBucket)
 	}
 	go s.sweeper(sweep)
 	return s
@@ -71,19 +86,47 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	now := s.now()
 	admit := true
 	for i := range reqs {
-		sh := &s.shards[ids[i].shard()]
-		v := reqs[i].Rule.check(sh.m[ids[i]], now, reqs[i].Cost)
+		r, sh := reqs[i].Rule, &s.shards[ids[i].shard()]
+		var v verdict
+		if r.Algorithm == SlidingLog {
+			if lb := sh.logs[ids[i]]; lb != nil {
+				v, lb.entries = r.logCheck(lb.entries, now, reqs[i].Cost)
+			} else {
+				v, _ = r.logCheck(nil, now, reqs[i].Cost)
+			}
+		} else {
+			e := sh.m[ids[i]]
+			if e.expires <= now {
+				e.state = 0
+			}
+			v = r.check(e.state, now, reqs[i].Cost)
+		}
 		verdicts = append(verdicts, v)
 		admit = admit && v.ok
 	}
 	for i := range reqs {
-		r := reqs[i].Rule
-		if admit && reqs[i].Cost > 0 {
+		r, cost := reqs[i].Rule, reqs[i].Cost
+		if admit && cost > 0 {
 			sh := &s.shards[ids[i].shard()]
-			sh.m[ids[i]] = r.stateAt(now, verdicts[i].after)
-			sh.peak = max(sh.peak, len(sh.m))
+			if r.Algorithm == SlidingLog {
+				lb := sh.logs[ids[i]]
+				if lb == nil {
+					lb = &logBucket{}
+					sh.logs[ids[i]] = lb
+				}
+				lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
+				lb.expires = now + r.WindowUS
+			} else {
+				st, ttl := r.commit(verdicts[i], now, cost)
+				exp := now + int64(ttl/time.Microsecond)
+				if !r.Algorithm.windowed() {
+					exp = st.FullAt()
+				}
+				sh.m[ids[i]] = memEntry{state: st, expires: exp}
+				sh.peak = max(sh.peak, len(sh.m))
+			}
 		}
-		results[i] = r.result(verdicts[i], admit)
+		results[i] = r.result(verdicts[i], admit, cost)
 	}
 	for _, sh := range locks {
 		s.shards[sh].mu.Unlock()
@@ -98,7 +141,7 @@ func (s *MemoryStore) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += len(sh.m) + len(sh.logs)
 		sh.mu.Unlock()
 	}
 	return n
@@ -112,15 +155,20 @@ func (s *MemoryStore) Sweep() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
-		for id, st := range sh.m {
-			if st.FullAt() <= now {
+		for id, e := range sh.m {
+			if e.expires <= now {
 				delete(sh.m, id)
 			}
 		}
+		for id, lb := range sh.logs {
+			if lb.expires <= now {
+				delete(sh.logs, id)
+			}
+		}
 		if sh.peak > 1024 && len(sh.m) < sh.peak/4 {
-			m := make(map[bucketID]State, len(sh.m))
-			for id, st := range sh.m {
-				m[id] = st
+			m := make(map[bucketID]memEntry, len(sh.m))
+			for id, e := range sh.m {
+				m[id] = e
 			}
 			sh.m, sh.peak = m, len(m)
 		}

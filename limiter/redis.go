@@ -189,7 +189,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		timeout: opt.Timeout,
 		clock:   opt.Clock,
 		cluster: cluster,
-		script:  redis.NewScript(lua.TokenBucket),
+		script:  redis.NewScript(lua.Decide),
 		refund:  redis.NewScript(lua.Refund),
 		breaker: NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
 		queue:   make(chan *call, 4096),
@@ -350,9 +350,9 @@ func subset(reqs []Request, idx []int) []Request {
 	return sub
 }
 
-// newCall prepares a call of script for the zones idx of reqs (all zones
-// when idx is nil): the token bucket takes denom, interval, burst and cost
-// per zone, the refund denom, interval and cost.
+// newCall prepares a call of script (decide or refund) for the zones idx of
+// reqs (all zones when idx is nil): per zone the algorithm, its four
+// parameters and the cost.
 func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *call {
 	n := len(reqs)
 	if idx != nil {
@@ -361,7 +361,7 @@ func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *c
 	c := &call{
 		script: script,
 		keys:   make([]string, 0, n),
-		args:   make([]any, 1, 1+4*n),
+		args:   make([]any, 1, 1+6*n),
 		done:   make(chan struct{}, 1),
 	}
 	c.args[0] = "0"
@@ -371,11 +371,8 @@ func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *c
 	add := func(q *Request) {
 		r := q.Rule
 		c.keys = append(c.keys, s.Key(r.Name, q.Key))
-		if script == s.refund {
-			c.args = append(c.args, r.Denom, r.Interval, q.Cost)
-		} else {
-			c.args = append(c.args, r.Denom, r.Interval, r.Burst, q.Cost)
-		}
+		p := r.scriptParams()
+		c.args = append(c.args, int64(r.Algorithm), p[0], p[1], p[2], p[3], q.Cost)
 	}
 	if idx == nil {
 		for i := range reqs {
@@ -577,24 +574,24 @@ func decodeReply(reply []any, reqs []Request, results []Result) (bool, error) {
 // decodeReplyAs is decodeReply; with charged false it reports every zone as
 // not charged (the request was refunded).
 func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) (bool, error) {
-	if len(reply) != 1+3*len(reqs) {
+	if len(reply) != 1+4*len(reqs) {
 		return false, fmt.Errorf("redis: unexpected script reply of %d values for %d zones", len(reply), len(reqs))
 	}
-	var vals [4]int64
 	admit := false
+	if n, ok := reply[0].(int64); ok {
+		admit = n == 1
+	}
+	var vals [4]int64
 	for i := range reqs {
-		for j := range 3 {
-			n, ok := reply[1+3*i+j].(int64)
+		for j := range 4 {
+			n, ok := reply[1+4*i+j].(int64)
 			if !ok {
-				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+3*i+j])
+				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+4*i+j])
 			}
 			vals[j] = n
 		}
-		if n, ok := reply[0].(int64); ok {
-			admit = n == 1
-		}
-		v := verdict{debt: vals[0], after: vals[1], ok: vals[2] == 1, never: vals[2] == 2}
-		results[i] = reqs[i].Rule.result(v, admit && charged)
+		r := reqs[i].Rule
+		results[i] = r.result(r.fromReply(vals), admit && charged, reqs[i].Cost)
 	}
 	return admit, nil
 }

@@ -200,7 +200,8 @@ func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request
 		id := ms.hash.id(q.Rule.Name, q.Key)
 		sh := &ms.shards[id[0]%numShards]
 		sh.mu.Lock()
-		st, inMemory := sh.m[id]
+		e, inMemory := sh.m[id]
+		st := e.state
 		sh.mu.Unlock()
 		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.Name, q.Key)).Result()
 		switch {

@@ -48,6 +48,16 @@ type Rule struct {
 	// per-microsecond rate reduces to a denominator of at most 1000).
 	Exact bool
 
+	// Algorithm is how the zone counts; the zero value is TokenBucket.
+	// Build other rules with NewAlgorithmRule.
+	Algorithm Algorithm
+	// WindowUS is the window of the window algorithms, in microseconds
+	// (Per); their limit is Rate per window.
+	WindowUS int64
+	// MaxDelayUS is how long a leaky bucket lets a request wait, in
+	// microseconds.
+	MaxDelayUS int64
+
 	// OnError is what the zone does when the store fails (see
 	// SetFailurePolicy); the zero value allows.
 	OnError Policy

@@ -24,17 +24,9 @@ func (s State) FullAt() int64 {
 	return us
 }
 
-// verdict is one zone's answer before the request as a whole is decided.
-type verdict struct {
-	debt  int64 // ticks owed at now, before this request: 0 (full) to Capacity (empty)
-	after int64 // debt if the request is charged
-	ok    bool  // the zone would admit the request
-	never bool  // the cost exceeds the bucket: no wait makes it admissible
-}
-
-// check evaluates a request of cost tokens against state s at microsecond
-// now. It changes nothing.
-func (r *Rule) check(s State, now, cost int64) verdict {
+// tbCheck evaluates a request of cost tokens against a token bucket in
+// state s at microsecond now. It changes nothing.
+func (r *Rule) tbCheck(s State, now, cost int64) verdict {
 	d := r.debt(s, now)
 	if cost > r.Burst {
 		return verdict{debt: d, after: d, never: true}
@@ -72,9 +64,10 @@ func (r *Rule) ttl(after int64) time.Duration {
 	return time.Duration(ceilDiv(after, r.Denom*1000)) * time.Millisecond
 }
 
-// result turns a verdict into the zone's Result. charged says whether the
-// request was admitted by every zone and so charged to this one.
-func (r *Rule) result(v verdict, charged bool) Result {
+// tbResult turns a token bucket verdict into the zone's Result. charged
+// says whether the request was admitted by every zone and so charged to
+// this one.
+func (r *Rule) tbResult(v verdict, charged bool) Result {
 	switch {
 	case charged:
 		return Result{

@@ -389,7 +389,7 @@ func TestStateUnderAnotherRule(t *testing.T) {
 		}
 		v := r.check(s, now, cost)
 		for _, charged := range []bool{false, v.ok} {
-			res := r.result(v, charged)
+			res := r.result(v, charged, cost)
 			if res.Remaining < 0 || res.Remaining > r.Burst || res.ResetAfter < 0 ||
 				(res.RetryAfter < 0 && res.RetryAfter != Never) || res.Allowed != v.ok {
 				t.Fatalf("%s: state %d at %d cost %d: %+v", r, s, now, cost, res)

@@ -1,85 +1,53 @@
--- token_bucket.lua: one request against the token buckets of all its zones,
--- atomically. Every zone is checked first; only if all admit is each one
--- charged, so a denied request costs no zone anything.
+-- token_bucket.lua: a bucket of burst tokens refilled one every interval
+-- ticks (a tick is 1/denom microsecond). Its state is GCRA's theoretical
+-- arrival time: when the bucket will be full again, as microseconds x 1000
+-- plus the sub-microsecond ticks. A missing key is a full bucket; each key
+-- expires when its bucket is full again. See limiter/tokenbucket.go.
 --
--- The arithmetic is the Go limiter's (limiter/tokenbucket.go), in integers
--- well below 2^53 so that Lua's doubles hold them exactly. A bucket is one
--- integer: the moment it will be full again (GCRA's theoretical arrival
--- time) in microseconds x 1000, plus the sub-microsecond remainder in ticks
--- of 1/denom microsecond. A missing key is a full bucket; each key expires
--- when its bucket is full again.
---
--- KEYS[i]            the bucket of zone i
--- ARGV[1]            "0": the clock is Redis TIME (always, in production);
---                    otherwise a fixed time in microseconds, for tests only
--- ARGV[2+4(i-1)...]  per zone i: denom, interval (ticks per token), burst, cost
---
--- Returns {admitted (1|0), then per zone: debt, debt after, verdict}, where
--- debt is what the bucket owed before the request, in ticks, and verdict is
--- 1 (this zone admits), 0 (denies) or 2 (the cost exceeds the burst).
+-- Parameters: p1 denom, p2 interval, p3 burst (p4 max delay: leaky bucket).
+-- Reply: flag, debt before the request (ticks), debt after it, 0.
 
-local now
-if ARGV[1] == '0' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
-
-local n = #KEYS
-local reply = {1}
-local admit = true
-for i = 1, n do
-  local a = 2 + (i - 1) * 4
-  local denom = tonumber(ARGV[a])
-  local interval = tonumber(ARGV[a + 1])
-  local burst = tonumber(ARGV[a + 2])
-  local cost = tonumber(ARGV[a + 3])
-  local cap = burst * interval
-
-  local debt = 0
-  local v = redis.call('GET', KEYS[i])
-  if v then
-    local us = tonumber(string.sub(v, 1, -4)) or 0
-    local ticks = tonumber(string.sub(v, -3)) or 0
-    if ticks >= denom then
-      us = us + math.floor(ticks / denom)
-      ticks = ticks % denom
-    end
-    if us > now or (us == now and ticks > 0) then
-      if us - now > math.floor(cap / denom) then
-        debt = cap
-      else
-        debt = math.min((us - now) * denom + ticks, cap)
-      end
-    end
+-- debt returns the ticks the bucket owes at now, at most its capacity.
+local function tb_debt(key, denom, cap, now)
+  local v = get_int(key)
+  if not v then return 0 end
+  local us = tonumber(string.sub(v, 1, -4)) or 0
+  local ticks = tonumber(string.sub(v, -3)) or 0
+  if ticks >= denom then -- written under a rule with a finer tick
+    us = us + math.floor(ticks / denom)
+    ticks = ticks % denom
   end
+  if us < now or (us == now and ticks == 0) then return 0 end
+  if us - now > math.floor(cap / denom) then return cap end
+  return math.min((us - now) * denom + ticks, cap)
+end
 
-  local after, verdict = debt, 2
-  if cost <= burst then
-    after = debt + cost * interval
-    if after <= cap then verdict = 1 else verdict = 0 end
+-- tb_write stores a debt of ticks at now, expiring when the bucket is full.
+local function tb_write(key, denom, debt, now)
+  if debt <= 0 then
+    redis.call('DEL', key)
+    return
   end
-  if verdict ~= 1 then admit = false end
-  reply[2 + (i - 1) * 3] = debt
-  reply[3 + (i - 1) * 3] = after
-  reply[4 + (i - 1) * 3] = verdict
+  local state = string.format('%d%03d', now + math.floor(debt / denom), debt % denom)
+  redis.call('SET', key, state, 'PX', ceil_div(debt, denom * 1000))
 end
 
-if not admit then
-  reply[1] = 0
-  return reply
-end
-
-for i = 1, n do
-  local a = 2 + (i - 1) * 4
-  local denom = tonumber(ARGV[a])
-  local cost = tonumber(ARGV[a + 3])
-  if cost > 0 then
-    local after = reply[3 + (i - 1) * 3]
-    local state = string.format('%d%03d', now + math.floor(after / denom), after % denom)
-    local ttl = math.floor((after + denom * 1000 - 1) / (denom * 1000))
-    redis.call('SET', KEYS[i], state, 'PX', ttl)
-  end
-end
-return reply
+ALG[0] = {
+  check = function(key, p, cost, now)
+    local denom, interval, burst = p[1], p[2], p[3]
+    local cap = burst * interval
+    local debt = tb_debt(key, denom, cap, now)
+    if cost > burst then return {2, debt, debt, 0} end
+    local after = debt + cost * interval
+    if after <= cap then return {1, debt, after, 0} end
+    return {0, debt, after, 0}
+  end,
+  commit = function(key, p, cost, now, v)
+    tb_write(key, p[1], v[3], now)
+  end,
+  refund = function(key, p, cost, now)
+    local denom, interval, burst = p[1], p[2], p[3]
+    local debt = tb_debt(key, denom, burst * interval, now)
+    tb_write(key, denom, debt - cost * interval, now)
+  end,
+}

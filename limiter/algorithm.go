@@ -1,0 +1,250 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Algorithm is how a zone counts.
+type Algorithm uint8
+
+// The algorithms. Each is exact in its own terms, in Redis and in memory,
+// with the same integer arithmetic.
+const (
+	// TokenBucket: a bucket of Burst tokens refilled at Rate per Per;
+	// forgives bursts (GCRA).
+	TokenBucket Algorithm = iota
+	// SlidingWindow: at most Rate per window of Per, estimated from the
+	// current and the previous fixed window, the previous one weighted by
+	// how much of it the sliding window still covers (the widely used
+	// approximation). Two counters per key.
+	SlidingWindow
+	// FixedWindow: at most Rate per window of Per, the windows aligned to
+	// the clock (Redis TIME). One counter per key.
+	FixedWindow
+	// SlidingLog: exactly at most Rate in any window of Per, from a log of
+	// the admitted requests (memory grows with the limit).
+	SlidingLog
+	// LeakyBucket: a shaper. Requests over the rate wait for their turn
+	// (at most MaxDelay, at most Burst tokens queued) and then proceed at a
+	// steady rate; beyond that they are denied.
+	LeakyBucket
+)
+
+// ParseAlgorithm parses an algorithm name ("" is token_bucket).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "", "token_bucket":
+		return TokenBucket, nil
+	case "sliding_window":
+		return SlidingWindow, nil
+	case "fixed_window":
+		return FixedWindow, nil
+	case "sliding_log":
+		return SlidingLog, nil
+	case "leaky_bucket":
+		return LeakyBucket, nil
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, sliding_window, fixed_window, sliding_log or leaky_bucket)", s)
+}
+
+// String names the algorithm as the configuration does.
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingWindow:
+		return "sliding_window"
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingLog:
+		return "sliding_log"
+	case LeakyBucket:
+		return "leaky_bucket"
+	}
+	return "token_bucket"
+}
+
+// windowed reports whether the algorithm counts requests in windows.
+func (a Algorithm) windowed() bool {
+	return a == SlidingWindow || a == FixedWindow || a == SlidingLog
+}
+
+// Limits of the window algorithms' compact state (see State).
+const (
+	// MaxWindowLimit is the largest Rate of a window algorithm: counters
+	// have 21 bits.
+	MaxWindowLimit = 1<<21 - 1
+	// maxSlidingWindowMS bounds a sliding window in milliseconds, so that
+	// counter x milliseconds stays exact in a double.
+	maxSlidingWindowMS = 1 << 31
+	windowIdxMod       = 1024
+	counterBits        = 21
+)
+
+// Errors of the window algorithms' rules.
+var (
+	ErrWindowLimit  = fmt.Errorf("a window algorithm's rate must be at most %d per window", MaxWindowLimit)
+	ErrWindowLength = errors.New("a window must be a whole number of milliseconds, at least 1ms and under 24 days")
+	ErrMaxDelay     = errors.New("max_delay must not be negative")
+)
+
+// NewAlgorithmRule compiles a rule for any algorithm: rate per period, the
+// burst (token and leaky bucket; 0 means rate) and, for the leaky bucket,
+// the longest a request may wait (0 means as long as the queue allows).
+func NewAlgorithmRule(name string, alg Algorithm, rate int64, per time.Duration, burst int64, maxDelay time.Duration) (*Rule, error) {
+	if alg.windowed() {
+		if rate <= 0 {
+			return nil, ErrBadRate
+		}
+		if rate > MaxWindowLimit {
+			return nil, ErrWindowLimit
+		}
+		if per < time.Millisecond || per%time.Millisecond != 0 || int64(per/time.Millisecond) >= maxSlidingWindowMS {
+			return nil, ErrWindowLength
+		}
+		return &Rule{Name: name, Algorithm: alg, Rate: rate, Per: per, Burst: rate, Exact: true,
+			WindowUS: int64(per / time.Microsecond)}, nil
+	}
+	r, err := NewRule(name, rate, per, burst)
+	if err != nil {
+		return nil, err
+	}
+	r.Algorithm = alg
+	if alg == LeakyBucket {
+		if maxDelay < 0 {
+			return nil, ErrMaxDelay
+		}
+		r.MaxDelayUS = int64(maxDelay / time.Microsecond)
+		if maxDelay == 0 || r.MaxDelayUS > r.Capacity/r.Denom {
+			r.MaxDelayUS = ceilDiv(r.Capacity, r.Denom) // the queue is the bound
+		}
+	}
+	return r, nil
+}
+
+// verdict is one zone's answer before the request as a whole is decided,
+// with what the algorithm needs to report and to write its new state.
+type verdict struct {
+	ok    bool // the zone would admit the request
+	never bool // no wait makes it admissible (the cost exceeds the limit)
+
+	// token and leaky bucket: ticks owed before the request (0 full to
+	// Capacity empty), and after it if charged.
+	debt, after int64
+
+	// windows: the current window's count (curr) and the previous
+	// window's (prev, sliding window), and microseconds into the current
+	// window.
+	curr, prev, elapsed int64
+
+	// sliding log: tokens in the window, and (computed from the log) when
+	// a retry can pass and when the log is empty.
+	used, retry, reset int64
+}
+
+// check evaluates a request of cost tokens against a bucket in state s at
+// microsecond now. It changes nothing. (The sliding log keeps a log, not a
+// State: see logCheck.)
+func (r *Rule) check(s State, now, cost int64) verdict {
+	switch r.Algorithm {
+	case FixedWindow:
+		return r.fixedCheck(s, now, cost)
+	case SlidingWindow:
+		return r.slidingCheck(s, now, cost)
+	case LeakyBucket:
+		return r.leakyCheck(s, now, cost)
+	}
+	return r.tbCheck(s, now, cost)
+}
+
+// commit returns the state after charging a request that v admitted at
+// microsecond now, and how long it must be kept.
+func (r *Rule) commit(v verdict, now, cost int64) (State, time.Duration) {
+	switch r.Algorithm {
+	case FixedWindow:
+		return r.windowState(now, 0, v.curr+cost), time.Duration(r.WindowUS-v.elapsed) * time.Microsecond
+	case SlidingWindow:
+		return r.windowState(now, v.prev, v.curr+cost), time.Duration(2*r.WindowUS-v.elapsed) * time.Microsecond
+	}
+	return r.stateAt(now, v.after), r.ttl(v.after)
+}
+
+// result turns a verdict into the zone's Result. charged says whether the
+// request was admitted by every zone and so charged to this one.
+func (r *Rule) result(v verdict, charged bool, cost int64) Result {
+	switch r.Algorithm {
+	case FixedWindow:
+		return r.fixedResult(v, charged, cost)
+	case SlidingWindow:
+		return r.slidingResult(v, charged, cost)
+	case SlidingLog:
+		return r.logResult(v, charged, cost)
+	case LeakyBucket:
+		return r.leakyResult(v, charged)
+	}
+	return r.tbResult(v, charged)
+}
+
+// cacheable reports whether the deny cache can hold this zone's buckets:
+// those whose state is a time relative to now (token and leaky bucket).
+// Window states are tied to the store's clock, which a node cannot read.
+func (r *Rule) cacheable() bool {
+	return r.Algorithm == TokenBucket || r.Algorithm == LeakyBucket
+}
+
+// windowState packs a window algorithm's state: the index of the current
+// window modulo 1024, and two 21-bit counters (previous, current).
+func (r *Rule) windowState(now, prev, curr int64) State {
+	idx := (now / r.WindowUS) % windowIdxMod
+	return State(idx<<(2*counterBits) | prev<<counterBits | curr)
+}
+
+// windowCounts unpacks a window state as seen at microsecond now: the
+// counts of the previous and current windows (zero for windows the state
+// does not know), and the microseconds into the current window.
+func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
+	w := now / r.WindowUS
+	elapsed = now - w*r.WindowUS
+	idx := int64(s) >> (2 * counterBits)
+	sPrev := int64(s) >> counterBits & MaxWindowLimit
+	sCurr := int64(s) & MaxWindowLimit
+	if s == 0 {
+		return 0, 0, elapsed
+	}
+	switch idx {
+	case w % windowIdxMod:
+		return sPrev, sCurr, elapsed
+	case (w - 1) % windowIdxMod:
+		return sCurr, 0, elapsed
+	}
+	return 0, 0, elapsed
+}
+
+// scriptParams returns the rule's four parameters for the Redis scripts.
+func (r *Rule) scriptParams() [4]int64 {
+	switch r.Algorithm {
+	case FixedWindow, SlidingWindow, SlidingLog:
+		return [4]int64{r.WindowUS, r.Rate, 0, 0}
+	case LeakyBucket:
+		return [4]int64{r.Denom, r.Interval, r.Burst, r.MaxDelayUS}
+	}
+	return [4]int64{r.Denom, r.Interval, r.Burst, 0}
+}
+
+// fromReply rebuilds a verdict from the four numbers the script reports
+// for a zone: a flag (1 admits, 0 denies, 2 never can) and three that
+// depend on the algorithm.
+func (r *Rule) fromReply(vals [4]int64) verdict {
+	v := verdict{ok: vals[0] == 1, never: vals[0] == 2}
+	switch r.Algorithm {
+	case FixedWindow:
+		v.curr, v.elapsed = vals[1], vals[2]
+	case SlidingWindow:
+		v.prev, v.curr, v.elapsed = vals[1], vals[2], vals[3]
+	case SlidingLog:
+		v.used, v.retry, v.reset = vals[1], vals[2], vals[3]
+	default:
+		v.debt, v.after = vals[1], vals[2]
+	}
+	return v
+}

@@ -1,0 +1,30 @@
+package limiter
+
+// leakyCheck evaluates a request against a leaky bucket used as a shaper:
+// its state is a token bucket's (the time the queue drains), the request
+// may wait for its turn as long as at most Burst tokens are queued with it
+// and its wait is at most MaxDelayUS; then it proceeds at the bucket's
+// steady rate.
+func (r *Rule) leakyCheck(s State, now, cost int64) verdict {
+	d := r.debt(s, now)
+	if cost > r.Burst {
+		return verdict{debt: d, after: d, never: true}
+	}
+	after := d + cost*r.Interval
+	return verdict{debt: d, after: after, ok: after <= r.Capacity && ceilDiv(d, r.Denom) <= r.MaxDelayUS}
+}
+
+// leakyResult is the token bucket's result (Remaining: the tokens the queue
+// can still take; ResetAfter: until it drains) with the request's Delay,
+// and a RetryAfter that also waits for the delay to fit MaxDelayUS.
+func (r *Rule) leakyResult(v verdict, charged bool) Result {
+	res := r.tbResult(v, charged)
+	switch {
+	case charged:
+		res.Delay = us(ceilDiv(v.debt, r.Denom))
+	case !v.ok && !v.never:
+		retry := max(ceilDiv(v.after-r.Capacity, r.Denom), ceilDiv(v.debt, r.Denom)-r.MaxDelayUS, 1)
+		res.RetryAfter = us(retry)
+	}
+	return res
+}

@@ -1,0 +1,52 @@
+package limiter
+
+// logEntry is one admitted request in a sliding log: its time in
+// microseconds and its cost.
+type logEntry struct{ t, cost int64 }
+
+// logCheck evaluates a request against a sliding log: exactly at most Rate
+// tokens in any window of WindowUS. It returns the verdict and the log
+// without the entries that left the window (at or before now - WindowUS).
+func (r *Rule) logCheck(log []logEntry, now, cost int64) (verdict, []logEntry) {
+	cut := 0
+	for cut < len(log) && log[cut].t <= now-r.WindowUS {
+		cut++
+	}
+	log = log[cut:]
+	var v verdict
+	for _, e := range log {
+		v.used += e.cost
+	}
+	if len(log) > 0 {
+		v.reset = log[len(log)-1].t + r.WindowUS - now
+	}
+	switch {
+	case cost > r.Rate:
+		v.never = true
+	case v.used+cost <= r.Rate:
+		v.ok = true
+	default:
+		// The request fits once the oldest entries have left the window.
+		need, freed := v.used+cost-r.Rate, int64(0)
+		for _, e := range log {
+			freed += e.cost
+			if freed >= need {
+				v.retry = e.t + r.WindowUS - now
+				break
+			}
+		}
+	}
+	return v, log
+}
+
+func (r *Rule) logResult(v verdict, charged bool, cost int64) Result {
+	switch {
+	case charged:
+		return Result{Allowed: true, Remaining: r.Rate - v.used - cost, ResetAfter: us(r.WindowUS)}
+	case v.ok:
+		return Result{Allowed: true, Remaining: r.Rate - v.used, ResetAfter: us(v.reset)}
+	case v.never:
+		return Result{Remaining: r.Rate - v.used, RetryAfter: Never, ResetAfter: us(v.reset)}
+	}
+	return Result{Remaining: r.Rate - v.used, RetryAfter: us(v.retry), ResetAfter: us(v.reset)}
+}

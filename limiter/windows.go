@@ -1,0 +1,125 @@
+package limiter
+
+import "time"
+
+// fixedCheck evaluates a request against a fixed window counter: at most
+// Rate per window, the windows aligned to the clock.
+func (r *Rule) fixedCheck(s State, now, cost int64) verdict {
+	// A state from the previous window reports its count as prev: a fixed
+	// window forgets it.
+	_, curr, elapsed := r.windowCounts(s, now)
+	v := verdict{curr: curr, elapsed: elapsed}
+	switch {
+	case cost > r.Rate:
+		v.never = true
+	default:
+		v.ok = curr+cost <= r.Rate
+	}
+	return v
+}
+
+func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
+	end := r.WindowUS - v.elapsed // until the window ends
+	res := Result{Remaining: r.Rate - v.curr, ResetAfter: us(end)}
+	if v.curr == 0 {
+		res.ResetAfter = 0
+	}
+	switch {
+	case charged:
+		res.Allowed, res.Remaining, res.ResetAfter = true, r.Rate-v.curr-cost, us(end)
+	case v.ok:
+		res.Allowed = true
+	case v.never:
+		res.RetryAfter = Never
+	default:
+		res.RetryAfter = us(end) // the next window starts empty
+	}
+	return res
+}
+
+// slidingCheck evaluates a request against the sliding window estimate:
+// the previous window's count weighted by the share of it the sliding
+// window still covers, plus the current window's count. The share is
+// counted in whole milliseconds, rounded in the strict direction, so that
+// the products stay exact in a double.
+func (r *Rule) slidingCheck(s State, now, cost int64) verdict {
+	prev, curr, elapsed := r.windowCounts(s, now)
+	v := verdict{prev: prev, curr: curr, elapsed: elapsed}
+	if cost > r.Rate {
+		v.never = true
+		return v
+	}
+	wms := r.WindowUS / 1000
+	ems := elapsed / 1000
+	v.ok = prev*(wms-ems)+(curr+cost)*wms <= r.Rate*wms
+	return v
+}
+
+// slidingUsed returns the estimate of the tokens in the sliding window,
+// rounded up.
+func (r *Rule) slidingUsed(prev, curr, elapsed int64) int64 {
+	wms := r.WindowUS / 1000
+	return ceilDiv(prev*(wms-elapsed/1000), wms) + curr
+}
+
+func (r *Rule) slidingResult(v verdict, charged bool, cost int64) Result {
+	curr := v.curr
+	if charged {
+		curr += cost
+	}
+	res := Result{Remaining: max(0, r.Rate-r.slidingUsed(v.prev, curr, v.elapsed))}
+	switch {
+	case curr > 0: // the current window counts until the next one ends
+		res.ResetAfter = us(2*r.WindowUS - v.elapsed)
+	case v.prev > 0:
+		res.ResetAfter = us(r.WindowUS - v.elapsed)
+	}
+	switch {
+	case charged || v.ok:
+		res.Allowed = true
+	case v.never:
+		res.RetryAfter = Never
+	default:
+		res.RetryAfter = us(r.slidingRetry(v, cost))
+	}
+	return res
+}
+
+// slidingRetry returns the microseconds until a request of cost fits the
+// sliding window estimate, if no other request comes: later in this window
+// as the previous one's weight falls, or in the next window (where this
+// window's count is the previous one), or, at the latest, the one after.
+func (r *Rule) slidingRetry(v verdict, cost int64) int64 {
+	wms := r.WindowUS / 1000
+	start := -v.elapsed // the current window's start, relative to now
+	// In window k (0: current, 1: next), with counts p (previous) and c
+	// (current), the request fits from millisecond e of it on, where
+	// p*(wms-e) <= (Rate-c-cost)*wms.
+	fits := func(p, c int64) (int64, bool) {
+		room := r.Rate - c - cost
+		if room < 0 {
+			return 0, false
+		}
+		if p == 0 {
+			return 0, true
+		}
+		e := wms - room*wms/p
+		if e < 0 {
+			e = 0
+		}
+		return e, e < wms
+	}
+	if e, ok := fits(v.prev, v.curr); ok {
+		// Milliseconds are counted whole: e is reached at its start.
+		if t := start + e*1000; t > 0 {
+			return t
+		}
+		return 1
+	}
+	if e, ok := fits(v.curr, 0); ok {
+		return start + r.WindowUS + e*1000
+	}
+	return start + 2*r.WindowUS
+}
+
+func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
