@@ -1,9 +1,14 @@
 // Package redistest starts real redis-server processes for tests, on free
-// loopback ports, and stops them when the test ends.
+// loopback ports, and stops them when the test ends: single servers (Start),
+// TLS servers (StartTLS), a Redis Cluster (StartCluster) and a Sentinel set-up
+// with a replica (StartSentinel). Each process writes its log to a file in the
+// test's temporary directory, and the logs are printed when the test fails.
 package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,7 +24,9 @@ import (
 )
 
 // T is the part of testing.TB that the helpers use, so that a command (the
-// fleet harness) can use them outside a test too.
+// fleet harness) can use them outside a test too. When the value also has
+// Failed and Logf (as testing.TB has), the servers' logs are printed at the
+// end of a failed test.
 type T interface {
 	Helper()
 	Fatal(args ...any)
@@ -30,19 +37,38 @@ type T interface {
 
 var _ T = testing.TB(nil)
 
-// Server is a redis-server process started for a test.
+// Server is a redis-server process started for a test. A Server value
+// made by hand with only an address (and credentials or TLS) can use Do to
+// talk to any server; the other methods need one from this package.
 type Server struct {
-	// Addr is the server's host:port on the loopback interface.
+	// Addr is the server's host:port on the loopback interface (the TLS
+	// port for a server from StartTLS).
 	Addr string
 	// Port is the port of Addr.
 	Port int
 	// Password is the value of a "--requirepass" argument, used by Do.
 	Password string
+	// Username, when not empty, makes Do authenticate as this ACL user
+	// (AUTH Username Password) instead of as the default user. See As.
+	Username string
+	// TLS, when not nil, makes Do connect with TLS using this
+	// configuration. StartTLS sets it to trust the test CA and to present
+	// the client certificate.
+	TLS *tls.Config
 
+	p *process // nil for a Server value that only names an address
+}
+
+// process is the redis-server process behind a Server and its views (As).
+type process struct {
 	t    T
-	args []string
+	argv []string // the arguments after "redis-server"
 	dir  string
+	log  string // the log file, appended to across restarts
+
+	mu   sync.Mutex
 	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
 }
 
 // Start starts a redis-server with no persistence on a free loopback port,
@@ -51,47 +77,97 @@ type Server struct {
 // install it (Debian: apt-get install redis-server).
 func Start(t T, extra ...string) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redis-server is required by this test and is not on PATH (install it: apt-get install redis-server): %v", err)
-	}
-	s := &Server{t: t, Port: FreePort(t), dir: t.TempDir(), args: extra}
-	for i, a := range extra {
-		if a == "--requirepass" && i+1 < len(extra) {
-			s.Password = extra[i+1]
-		}
-	}
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+	s := newServer(t, "redis-server")
+	s.Password = passwordIn(extra)
+	s.p.argv = append(append([]string{"--port", strconv.Itoa(s.Port)}, s.commonArgs()...), extra...)
 	s.start()
+	return s
+}
+
+// newServer reserves a port and a directory for a server that is not
+// started yet, and arranges for it to be stopped, and its log printed if
+// the test fails, when the test ends.
+func newServer(t T, what string) *Server {
+	t.Helper()
+	requireBinary(t, "redis-server")
+	port := FreePort(t)
+	dir := t.TempDir()
+	s := &Server{
+		Port: port,
+		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		p:    &process{t: t, dir: dir, log: filepath.Join(dir, "redis.log")},
+	}
+	logOnFailure(t, what+" on "+s.Addr, s.p.log)
 	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *Server) start() {
-	s.t.Helper()
-	args := append([]string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
+// commonArgs are the arguments of every data server but the port ones.
+func (s *Server) commonArgs() []string {
+	return []string{
+		"--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.p.dir,
 		"--daemonize", "no", "--loglevel", "warning",
-	}, s.args...)
-	s.cmd = exec.Command("redis-server", args...)
-	logPath := filepath.Join(s.dir, "redis.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	}
+}
+
+// passwordIn returns the value of the last "--requirepass" in args.
+func passwordIn(args []string) string {
+	pw := ""
+	for i, a := range args {
+		if a == "--requirepass" && i+1 < len(args) {
+			pw = args[i+1]
+		}
+	}
+	return pw
+}
+
+func requireBinary(t T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		t.Fatalf("%s is required by this test and is not on PATH (install it: apt-get install redis-server): %v", name, err)
+	}
+}
+
+func (s *Server) start() {
+	p := s.p
+	p.t.Helper()
+	logFile, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		s.t.Fatal(err)
+		p.t.Fatal(err)
 	}
 	defer logFile.Close()
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("starting redis-server: %v", err)
+	cmd := exec.Command("redis-server", p.argv...)
+	cmd.Dir = p.dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("starting redis-server: %v", err)
 	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := s.Do("PING"); err == nil {
+		_, err := s.Do("PING")
+		if err == nil {
 			return
 		}
+		select {
+		case <-done:
+			out, _ := os.ReadFile(p.log)
+			p.t.Fatalf("redis-server for %s exited at start (%v); its log:\n%s", s.Addr, cmd.ProcessState, out)
+		default:
+		}
 		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(logPath)
-			s.t.Fatalf("redis-server on %s did not answer PING within 10s; its log:\n%s", s.Addr, out)
+			out, _ := os.ReadFile(p.log)
+			p.t.Fatalf("redis-server on %s did not answer PING within 10s (last error: %v); its log:\n%s", s.Addr, err, out)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -99,46 +175,118 @@ func (s *Server) start() {
 
 // Stop kills the server and waits for it. Calling it twice is harmless.
 func (s *Server) Stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.p == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server cannot die
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
+	p := s.p
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd, p.done = nil, nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused server cannot die
+	_ = cmd.Process.Kill()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		// Stop may run outside the test's goroutine: report, do not FailNow.
+		if e, ok := p.t.(interface{ Errorf(string, ...any) }); ok {
+			e.Errorf("redis-server %s (pid %d) did not exit within 10s of SIGKILL", s.Addr, cmd.Process.Pid)
+		}
+	}
 }
 
 // Restart stops the server and starts a new one on the same port: all data
 // and the script cache are lost.
 func (s *Server) Restart() {
-	s.t.Helper()
+	s.p.t.Helper()
 	s.Stop()
 	s.start()
 }
 
-// Do sends one command over a fresh connection (inline RESP) and returns
-// the reply rendered as text: integers and strings as they are, arrays as
-// lines, nil as "(nil)". An error reply is returned as an error.
+// As returns a view of the same server whose Do authenticates as the ACL
+// user username with password (see AddUser). The view shares the process:
+// Stop, Pause and Restart on it act on the server itself.
+func (s *Server) As(username, password string) *Server {
+	return &Server{Addr: s.Addr, Port: s.Port, Username: username, Password: password, TLS: s.TLS, p: s.p}
+}
+
+// Do sends one command over a fresh connection (TLS when s.TLS is set,
+// after AUTH when Password or Username is set) and returns the reply
+// rendered as text: integers and strings as they are, arrays as lines, nil
+// as "(nil)". An error reply is returned as an error.
 func (s *Server) Do(args ...string) (string, error) {
-	conn, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	v, err := s.do(args...)
 	if err != nil {
 		return "", err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	r := bufio.NewReader(conn)
-	if s.Password != "" {
-		if err := writeCommand(conn, "AUTH", s.Password); err != nil {
-			return "", err
+	return render(v), nil
+}
+
+// MustDo is Do that fails the test on error.
+func (s *Server) MustDo(args ...string) string {
+	s.p.t.Helper()
+	out, err := s.Do(args...)
+	if err != nil {
+		s.p.t.Fatalf("redis %s %v: %v", s.Addr, args, err)
+	}
+	return out
+}
+
+// do is Do with the reply as a value (see readValue).
+func (s *Server) do(args ...string) (any, error) {
+	c, err := s.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.call(args...)
+}
+
+// conn is one connection to a server with its reader.
+type conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// dial connects to the server (with TLS when s.TLS is set), with a
+// deadline of 5 s for everything done on the connection, and authenticates
+// when Password or Username is set.
+func (s *Server) dial() (*conn, error) {
+	d := &net.Dialer{Timeout: time.Second}
+	var nc net.Conn
+	var err error
+	if s.TLS != nil {
+		nc, err = tls.DialWithDialer(d, "tcp", s.Addr, s.TLS)
+	} else {
+		nc, err = d.Dial("tcp", s.Addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	c := &conn{Conn: nc, r: bufio.NewReader(nc)}
+	if s.Password != "" || s.Username != "" {
+		auth := []string{"AUTH", s.Password}
+		if s.Username != "" {
+			auth = []string{"AUTH", s.Username, s.Password}
 		}
-		if _, err := readReply(r); err != nil {
-			return "", fmt.Errorf("AUTH: %w", err)
+		if _, err := c.call(auth...); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("AUTH: %w", err)
 		}
 	}
-	if err := writeCommand(conn, args...); err != nil {
-		return "", err
+	return c, nil
+}
+
+// call sends one command and reads its reply.
+func (c *conn) call(args ...string) (any, error) {
+	if err := writeCommand(c, args...); err != nil {
+		return nil, err
 	}
-	return readReply(r)
+	return readValue(c.r)
 }
 
 func writeCommand(w io.Writer, args ...string) error {
@@ -151,61 +299,105 @@ func writeCommand(w io.Writer, args ...string) error {
 	return err
 }
 
-// MustDo is Do that fails the test on error.
-func (s *Server) MustDo(args ...string) string {
-	s.t.Helper()
-	out, err := s.Do(args...)
-	if err != nil {
-		s.t.Fatalf("redis %v: %v", args, err)
-	}
-	return out
-}
+// replyError is an error reply from Redis; its text is the reply's.
+type replyError string
 
-func readReply(r *bufio.Reader) (string, error) {
+func (e replyError) Error() string { return string(e) }
+
+// readValue reads one RESP2 reply: a simple or bulk string as string, an
+// integer as int64, a nil bulk string as nil, an array as []any (a nil
+// array as a nil []any). An error reply, also inside an array, is returned
+// as a replyError.
+func readValue(r *bufio.Reader) (any, error) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	line = strings.TrimRight(line, "\r\n")
 	if line == "" {
-		return "", fmt.Errorf("empty reply")
+		return nil, fmt.Errorf("empty reply")
 	}
 	switch line[0] {
-	case '+', ':':
+	case '+':
 		return line[1:], nil
+	case ':':
+		n, err := strconv.ParseInt(line[1:], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad integer reply %q", line)
+		}
+		return n, nil
 	case '-':
-		return "", fmt.Errorf("%s", line[1:])
+		return nil, replyError(line[1:])
 	case '$':
 		n, _ := strconv.Atoi(line[1:])
 		if n < 0 {
-			return "(nil)", nil
+			return nil, nil
 		}
 		buf := make([]byte, n+2)
 		if _, err := io.ReadFull(r, buf); err != nil {
-			return "", err
+			return nil, err
 		}
 		return string(buf[:n]), nil
 	case '*':
 		n, _ := strconv.Atoi(line[1:])
-		parts := make([]string, 0, max(n, 0))
+		if n < 0 {
+			return []any(nil), nil
+		}
+		parts := make([]any, 0, n)
 		for range n {
-			p, err := readReply(r)
+			p, err := readValue(r)
 			if err != nil {
-				return "", err
+				return nil, err
 			}
 			parts = append(parts, p)
 		}
-		return strings.Join(parts, "\n"), nil
+		return parts, nil
 	}
-	return "", fmt.Errorf("unexpected reply %q", line)
+	return nil, fmt.Errorf("unexpected reply %q", line)
+}
+
+// render is how Do shows a reply value.
+func render(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return "(nil)"
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case []any:
+		parts := make([]string, len(v))
+		for i, p := range v {
+			parts[i] = render(p)
+		}
+		return strings.Join(parts, "\n")
+	}
+	return fmt.Sprint(v)
+}
+
+// isReplyError reports whether err is an error reply starting with prefix.
+func isReplyError(err error, prefix string) bool {
+	var re replyError
+	return errors.As(err, &re) && strings.HasPrefix(string(re), prefix)
 }
 
 // Pause stops the server process (SIGSTOP) until Resume: connections stay
 // open but nothing is answered, as with a hung server.
-func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
 // Resume continues a paused server (SIGCONT).
-func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) {
+	if s.p == nil {
+		return
+	}
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	if s.p.cmd != nil {
+		_ = s.p.cmd.Process.Signal(sig)
+	}
+}
 
 // handedOut remembers the ports FreePort returned, so that this process
 // never hands out one port twice (the kernel may offer a port again as soon
@@ -238,4 +430,4 @@ func FreePort(t T) int {
 }
 
 // Dir is the server's working directory.
-func (s *Server) Dir() string { return filepath.Clean(s.dir) }
+func (s *Server) Dir() string { return filepath.Clean(s.p.dir) }
