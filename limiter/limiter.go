@@ -122,6 +122,9 @@ type Options struct {
 	Local Store
 	// Log receives store failures, at most one line a second.
 	Log *zap.Logger
+	// Observer, if set, is told of every store call and deny cache hit
+	// (see observer.go).
+	Observer Observer
 }
 
 // Limiter applies rules through a store and handles its failures by each
@@ -133,6 +136,7 @@ type Limiter struct {
 	cache   *DenyCache
 	local   Store
 	log     *zap.Logger
+	obs     Observer
 	lastLog atomic.Int64 // unix nanoseconds of the last failure logged
 	failed  atomic.Uint64
 }
@@ -142,7 +146,7 @@ func New(store Store, opt Options) *Limiter {
 	if opt.Log == nil {
 		opt.Log = zap.NewNop()
 	}
-	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log}
+	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer}
 }
 
 // Cache returns the limiter's deny cache, or nil.
@@ -162,6 +166,7 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 	for {
 		denied, wait := l.cache.check(reqs, results, &p)
 		if denied {
+			l.observeCacheHit(reqs, results)
 			return Denied
 		}
 		if wait == nil {
@@ -185,7 +190,9 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 }
 
 func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
+	start := l.observeStart()
 	ok, err := l.store.Decide(ctx, reqs, results)
+	l.observeStore(start, err)
 	if err == nil {
 		if ok {
 			return Admitted

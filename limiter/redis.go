@@ -157,6 +157,9 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		opt.PoolSize = opt.Pipelines + 2
 	}
 	silenceRedisLog.Do(func() { redis.SetLogger(quietRedisLog{}) })
+	if opt.SentinelMaster != "" {
+		addrs = opt.SentinelAddresses // go-redis takes the sentinels as Addrs
+	}
 	client := redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:            addrs,
 		IsClusterMode:    cluster,
@@ -199,6 +202,29 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		s.wg.Add(1)
 		go s.worker()
 	}
+	// Connect and load the scripts now, in the background, so that the
+	// first requests do not pay for a dial, a TLS handshake and a NOSCRIPT
+	// round trip within their timeout. A failure here is harmless: the
+	// decisions dial and load again.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.Timeout)
+		defer cancel()
+		go func() {
+			select {
+			case <-s.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		pipe := s.client.Pipeline()
+		pipe.ScriptLoad(ctx, lua.Decide)
+		pipe.ScriptLoad(ctx, lua.Refund)
+		_, _ = pipe.Exec(ctx)
+		_ = s.script.Load(ctx, s.client).Err()
+		_ = s.refund.Load(ctx, s.client).Err()
+	}()
 	return s, nil
 }
 

@@ -1,0 +1,198 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Fleet counters: every node adds its decision counts per zone, about once a
+// second, to per-second totals in Redis, so that any node can show what the
+// whole fleet decided. They are statistics, not limits: they are written off
+// the request path, and losing some to a Redis failure costs nothing but a
+// gap in a chart.
+//
+// Layout, under the store's key prefix (the zone in a Cluster hash tag, so a
+// zone's counters share one slot; no key ends in "}", so none can be taken
+// for a bucket):
+//
+//	<prefix>fleet:{<zone>}:<minute>  hash of "<second>:<outcome>" -> count,
+//	                                 for the minute starting at unix <minute>;
+//	                                 expires after FleetRetention
+//	<prefix>fleet:{<zone>}:nodes     sorted set of node ids scored by the
+//	                                 unix second of their last report
+//
+// Seconds are Redis' clock (TIME), like the buckets', so that nodes whose
+// clocks disagree still add into the same seconds.
+
+// FleetRetention is how long Redis keeps the fleet's per-second counts.
+const FleetRetention = 10 * time.Minute
+
+// FleetNodeTimeout is how long a node counts as part of the fleet after its
+// last report.
+const FleetNodeTimeout = 10 * time.Second
+
+// fleetOutcomeCode names each Outcome in the counters' field names.
+var fleetOutcomeCode = [NumOutcomes]string{
+	Admitted:      "a",
+	Denied:        "d",
+	FailedOpen:    "fo",
+	FailedClosed:  "fc",
+	LocalAdmitted: "la",
+	LocalDenied:   "ld",
+}
+
+// FleetReport is one node's decision counts in one zone since its previous
+// report, indexed by Outcome.
+type FleetReport struct {
+	Zone   string
+	Counts [NumOutcomes]int64
+}
+
+// FleetZone is what the whole fleet decided in one zone.
+type FleetZone struct {
+	// Seconds holds the counts per second, oldest first, indexed by
+	// Outcome; the last one is FleetView.End.
+	Seconds [][NumOutcomes]int64
+	// Nodes are the ids of the nodes that reported within
+	// FleetNodeTimeout, sorted.
+	Nodes []string
+}
+
+// FleetView is the fleet's recent counts, read from Redis.
+type FleetView struct {
+	// End is the last second (unix, Redis' clock) in the view: two
+	// seconds before Redis' current one, since a node reports about a
+	// second late.
+	End int64
+	// Zones are the zones asked for, by name.
+	Zones map[string]*FleetZone
+}
+
+func (s *RedisStore) fleetKey(zone string) string {
+	return s.prefix + "fleet:{" + zone + "}:"
+}
+
+// FleetReport adds one node's counts to the fleet's counters, at Redis'
+// current second, and marks the node present in each zone. It makes two
+// round trips (TIME, then one pipeline), and is meant to be called about
+// once a second, off the request path.
+func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []FleetReport) error {
+	if len(reports) == 0 {
+		return nil
+	}
+	now, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("redis time: %w", err)
+	}
+	sec := now.Unix()
+	minute := strconv.FormatInt(sec-sec%60, 10)
+	secStr := strconv.FormatInt(sec, 10) + ":"
+	retention := FleetRetention
+	pipe := s.client.Pipeline()
+	for _, r := range reports {
+		base := s.fleetKey(r.Zone)
+		key := base + minute
+		wrote := false
+		for o, n := range r.Counts {
+			if n != 0 {
+				pipe.HIncrBy(ctx, key, secStr+fleetOutcomeCode[o], n)
+				wrote = true
+			}
+		}
+		if wrote {
+			pipe.Expire(ctx, key, retention)
+		}
+		nodes := base + "nodes"
+		pipe.ZAdd(ctx, nodes, redis.Z{Score: float64(sec), Member: node})
+		pipe.ZRemRangeByScore(ctx, nodes, "-inf", "("+strconv.FormatInt(sec-int64(FleetNodeTimeout/time.Second), 10))
+		pipe.Expire(ctx, nodes, 2*FleetNodeTimeout)
+	}
+	cmds, err := pipe.Exec(ctx)
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return fmt.Errorf("redis fleet counters: %w", c.Err())
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redis fleet counters: %w", err)
+	}
+	return nil
+}
+
+// FleetRead returns the fleet's counts of the zones over the last seconds
+// complete seconds of Redis' clock (at most what FleetRetention keeps).
+func (s *RedisStore) FleetRead(ctx context.Context, zones []string, seconds int) (*FleetView, error) {
+	seconds = max(1, min(seconds, int(FleetRetention/time.Second)-60))
+	now, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redis time: %w", err)
+	}
+	end := now.Unix() - 2
+	start := end - int64(seconds) + 1
+	view := &FleetView{End: end, Zones: make(map[string]*FleetZone, len(zones))}
+	pipe := s.client.Pipeline()
+	type read struct {
+		zone    string
+		minutes []*redis.MapStringStringCmd
+		nodes   *redis.StringSliceCmd
+	}
+	reads := make([]read, 0, len(zones))
+	for _, z := range zones {
+		base := s.fleetKey(z)
+		r := read{zone: z}
+		for m := start - start%60; m <= end; m += 60 {
+			r.minutes = append(r.minutes, pipe.HGetAll(ctx, base+strconv.FormatInt(m, 10)))
+		}
+		r.nodes = pipe.ZRangeByScore(ctx, base+"nodes", &redis.ZRangeBy{
+			Min: strconv.FormatInt(now.Unix()-int64(FleetNodeTimeout/time.Second), 10), Max: "+inf",
+		})
+		reads = append(reads, r)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("redis fleet counters: %w", err)
+	}
+	for _, r := range reads {
+		fz := &FleetZone{Seconds: make([][NumOutcomes]int64, seconds)}
+		for _, cmd := range r.minutes {
+			for field, val := range cmd.Val() {
+				secPart, code, ok := strings.Cut(field, ":")
+				if !ok {
+					continue
+				}
+				sec, err := strconv.ParseInt(secPart, 10, 64)
+				if err != nil || sec < start || sec > end {
+					continue
+				}
+				o := outcomeOfCode(code)
+				if o < 0 {
+					continue
+				}
+				n, err := strconv.ParseInt(val, 10, 64)
+				if err != nil {
+					continue
+				}
+				fz.Seconds[sec-start][o] += n
+			}
+		}
+		fz.Nodes = r.nodes.Val()
+		sort.Strings(fz.Nodes)
+		view.Zones[r.zone] = fz
+	}
+	return view, nil
+}
+
+func outcomeOfCode(code string) int {
+	for o, c := range fleetOutcomeCode {
+		if c == code {
+			return o
+		}
+	}
+	return -1
+}
