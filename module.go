@@ -162,15 +162,46 @@ type Zone struct {
 	// expression is empty, all such requests share one bucket.
 	Key []string `json:"key,omitempty"`
 
-	// Rate is how many tokens are refilled every Per. Required.
-	Rate int64 `json:"rate"`
+	// Algorithm is how the zone counts: `token_bucket` (a bucket of Burst
+	// tokens refilled at Rate per Per; forgives bursts), `sliding_window`
+	// (at most Rate per window of Per, estimated from two fixed windows;
+	// two counters per key), `fixed_window` (at most Rate per window of
+	// Per, windows aligned to the clock; one counter), `sliding_log`
+	// (exactly at most Rate in any window of Per; memory grows with the
+	// limit) or `leaky_bucket` (a shaper: requests over the rate wait for
+	// their turn, at most MaxDelay and Burst tokens queued, then proceed
+	// at a steady rate). Default: `token_bucket`.
+	Algorithm string `json:"algorithm,omitempty"`
 
-	// Per is the refill period of Rate tokens. Required.
-	Per caddy.Duration `json:"per"`
+	// Rate is how many tokens are refilled every Per (the window
+	// algorithms: how many per window of Per). Required (or Events).
+	Rate int64 `json:"rate,omitempty"`
+
+	// Per is the refill period of Rate tokens, or the window. Required
+	// (or Window).
+	Per caddy.Duration `json:"per,omitempty"`
 
 	// Burst is the bucket's capacity, the most a client can spend at
-	// once. Default: Rate.
+	// once (leaky bucket: the most tokens queued). Token and leaky bucket
+	// only. Default: Rate.
 	Burst int64 `json:"burst,omitempty"`
+
+	// MaxDelay is the longest a leaky bucket lets a request wait for its
+	// turn. Default: as long as the queue (Burst) allows.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// Window and Events are mholt/caddy-ratelimit's form of a limit: at
+	// most Events in any Window (a sliding log unless Algorithm says
+	// otherwise). Use them instead of Rate and Per.
+	Window caddy.Duration `json:"window,omitempty"`
+	Events int64          `json:"events,omitempty"`
+
+	// IPv4Prefix and IPv6Prefix make client keys that are IP addresses
+	// share a bucket per network: with ipv6_prefix 64, a client rotating
+	// through the addresses of its /64 gets one limit. Default: 32 and
+	// 128 (one bucket per address).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// Cost is how many tokens a request takes: an integer, or a
 	// placeholder expression that yields one (a request for which it is
@@ -282,11 +313,14 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if !zoneNameRE.MatchString(z.Name) {
 		return errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'")
 	}
-	rule, err := limiter.NewRule(z.Name, z.Rate, time.Duration(z.Per), z.Burst)
+	rule, err := z.compileRule()
 	if err != nil {
 		return err
 	}
 	z.rule = rule
+	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 || z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
+		return errors.New("ipv4_prefix must be 0 to 32 and ipv6_prefix 0 to 128")
+	}
 	policy, err := limiter.ParsePolicy(z.OnError)
 	if err != nil {
 		return err
@@ -546,6 +580,9 @@ func (h *Handler) keyField(key string) zap.Field {
 func (z *Zone) keyOf(repl *caddy.Replacer) string {
 	for _, k := range z.keys {
 		if v := k.eval(repl); v != "" {
+			if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
+				v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
+			}
 			return limiter.ClientKey(v)
 		}
 	}

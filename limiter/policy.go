@@ -50,8 +50,9 @@ var ErrBadFleetSize = errors.New("fleet_size must be a positive integer")
 
 // SetFailurePolicy sets what the zone does when the store fails. For
 // PolicyLocal, fleetSize is how many nodes share the limit: each node's
-// local bucket gets the rate divided by it (exactly: the same tokens over a
-// period fleetSize times longer) and the burst divided by it, at least 1.
+// local bucket gets the rate divided by it (for the buckets exactly: the
+// same tokens over a period fleetSize times longer; for the windows, the
+// count per window) and the burst divided by it, at least 1.
 func (r *Rule) SetFailurePolicy(p Policy, fleetSize int64) error {
 	r.OnError = p
 	r.Local = nil
@@ -61,7 +62,13 @@ func (r *Rule) SetFailurePolicy(p Policy, fleetSize int64) error {
 	if fleetSize < 1 {
 		return ErrBadFleetSize
 	}
-	local, err := NewRule(r.Name+"#local", r.Rate, r.Per*time.Duration(fleetSize), max(1, r.Burst/fleetSize))
+	// Buckets: the same tokens over a period fleetSize times longer.
+	// Windows: the window stays, the count is divided.
+	rate, per := r.Rate, r.Per*time.Duration(fleetSize)
+	if r.Algorithm.windowed() {
+		rate, per = max(1, r.Rate/fleetSize), r.Per
+	}
+	local, err := NewAlgorithmRule(r.Name+"#local", r.Algorithm, rate, per, max(1, r.Burst/fleetSize), time.Duration(r.MaxDelayUS)*time.Microsecond)
 	if err != nil {
 		return fmt.Errorf("local bucket for fleet_size %d: %w", fleetSize, err)
 	}

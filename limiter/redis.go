@@ -107,9 +107,10 @@ type RedisStore struct {
 	refund  *redis.Script
 	breaker *Breaker
 
-	queue chan *call
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	queue  chan *call
+	stop   chan struct{}
+	warmed chan struct{} // closed when the start-up connection attempt ends
+	wg     sync.WaitGroup
 }
 
 // call is one script call travelling to a pipeline worker and back.
@@ -196,6 +197,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		refund:  redis.NewScript(lua.Refund),
 		breaker: NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
 		queue:   make(chan *call, 4096),
+		warmed:  make(chan struct{}),
 		stop:    make(chan struct{}),
 	}
 	for range opt.Pipelines {
@@ -209,6 +211,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer close(s.warmed)
 		ctx, cancel := context.WithTimeout(context.Background(), opt.DialTimeout+opt.Timeout)
 		defer cancel()
 		go func() {

@@ -31,6 +31,13 @@ func newRedisStore(t testing.TB, opt RedisOptions) *RedisStore {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
+	// Let the start-up connection and script load finish, so that tests
+	// of the script cache see only their own doing.
+	select {
+	case <-s.warmed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store's start-up connection attempt did not end")
+	}
 	return s
 }
 
