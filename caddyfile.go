@@ -1,9 +1,10 @@
 package fleetlimit
 
 import (
+	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -57,6 +58,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        key   <expr> [<expr>...]
 //	        rate  <n> <duration>
 //	        burst <n>
+//	        algorithm token_bucket|sliding_window|fixed_window|sliding_log|leaky_bucket
+//	        max_delay <duration>
+//	        window <duration>  events <n>    # caddy-ratelimit's form
+//	        ipv4_prefix <bits>  ipv6_prefix <bits>
 //	        cost  <n|placeholder>
 //	        on_error allow|deny|local
 //	        fleet_size <n>
@@ -64,6 +69,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    headers ietf|legacy|both|none
 //	    log_key
+//	    disable_metrics
 //	}
 //
 // Every mistake is reported with the file and line of the offending token.
@@ -110,8 +116,71 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.LogKey = true
+		case "disable_metrics":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.DisableMetrics = true
+		case "jitter":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			j, err := strconv.ParseFloat(arg, 64)
+			if err != nil || j < 0 || j > 100 {
+				return d.Errf("jitter must be a share (0 to 1) or a percentage (up to 100), got %q", arg)
+			}
+			h.Jitter = j
+		case "sweep_interval":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(arg)
+			if err != nil || dur <= 0 {
+				return d.Errf("sweep_interval must be a positive duration, got %q", arg)
+			}
+			h.SweepInterval = caddy.Duration(dur)
+		case "distributed":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Distributed = new(LegacyDistributed)
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				sub := d.Val()
+				var arg string
+				if !d.AllArgs(&arg) {
+					return d.ArgErr()
+				}
+				dur, err := caddy.ParseDuration(arg)
+				if err != nil || dur <= 0 {
+					return d.Errf("distributed %s must be a positive duration, got %q", sub, arg)
+				}
+				switch sub {
+				case "read_interval":
+					h.Distributed.ReadInterval = caddy.Duration(dur)
+				case "write_interval":
+					h.Distributed.WriteInterval = caddy.Duration(dur)
+				case "purge_age":
+					h.Distributed.PurgeAge = caddy.Duration(dur)
+				default:
+					return d.Errf("unknown distributed subdirective %q (want read_interval, write_interval or purge_age)", sub)
+				}
+			}
+		case "storage":
+			// caddy-ratelimit's storage module: its name, and whatever
+			// arguments and block it has, are skipped (see Handler.Storage).
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			d.RemainingArgs()
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				d.RemainingArgs()
+			}
+			h.Storage, _ = json.Marshal(map[string]string{"module": name})
 		default:
-			return d.Errf("unknown subdirective %q (want redis, zone, headers or log_key)", d.Val())
+			return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, jitter, sweep_interval, distributed or storage)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {
@@ -293,10 +362,11 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	var costLine caddyfile.Dispenser // where cost was given, for a late error
-	var rateLine caddyfile.Dispenser // where rate was given, likewise
+	var ruleLine caddyfile.Dispenser // where the rule was last given, likewise
 	var costSet bool
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch d.Val() {
+		sub := d.Val()
+		switch sub {
 		case "key":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -311,6 +381,7 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			z.Key = args
+			continue
 		case "rate":
 			args := d.RemainingArgs()
 			if len(args) != 2 {
@@ -328,53 +399,8 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
 			}
 			z.Rate, z.Per = n, caddy.Duration(dur)
-			rateLine = *d
-		case "burst":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseInt(arg, 10, 64)
-			if err != nil || n <= 0 {
-				return d.Errf("zone %q: burst must be a positive integer, got %q", z.Name, arg)
-			}
-			z.Burst = n
-		case "cost":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
-			}
-			if strings.ContainsAny(arg, "{}") {
-				if err := checkPlaceholders(arg); err != nil {
-					return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, err)
-				}
-			} else {
-				n, err := strconv.ParseInt(arg, 10, 64)
-				if err != nil || n <= 0 {
-					return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
-				}
-			}
-			z.Cost, costSet = arg, true
-			costLine = *d
-		case "on_error":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
-			}
-			if _, err := limiter.ParsePolicy(arg); err != nil {
-				return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
-			}
-			z.OnError = arg
-		case "fleet_size":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseInt(arg, 10, 32)
-			if err != nil || n <= 0 {
-				return d.Errf("zone %q: fleet_size must be a positive integer, got %q", z.Name, arg)
-			}
-			z.FleetSize = n
+			ruleLine = *d
+			continue
 		case "match":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -384,25 +410,110 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			continue
+		}
+		// The rest take exactly one argument.
+		var arg string
+		if !d.AllArgs(&arg) {
+			return d.ArgErr()
+		}
+		var err error
+		switch sub {
+		case "burst":
+			z.Burst, err = positiveInt(arg, 64)
+			ruleLine = *d
+		case "fleet_size":
+			z.FleetSize, err = positiveInt(arg, 32)
+		case "events":
+			z.Events, err = positiveInt(arg, 54)
+			ruleLine = *d
+		case "max_delay":
+			z.MaxDelay, err = positiveDuration(arg)
+			ruleLine = *d
+		case "window":
+			z.Window, err = positiveDuration(arg)
+			ruleLine = *d
+		case "cost":
+			if strings.ContainsAny(arg, "{}") {
+				if perr := checkPlaceholders(arg); perr != nil {
+					return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, perr)
+				}
+			} else if _, err = positiveInt(arg, 64); err != nil {
+				return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
+			}
+			z.Cost, costSet, costLine = arg, true, *d
+		case "on_error":
+			if _, perr := limiter.ParsePolicy(arg); perr != nil {
+				return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
+			}
+			z.OnError = arg
+		case "algorithm":
+			if _, aerr := limiter.ParseAlgorithm(arg); aerr != nil {
+				return d.Errf("zone %q: %v", z.Name, aerr)
+			}
+			z.Algorithm, ruleLine = arg, *d
+		case "ipv4_prefix", "ipv6_prefix":
+			bits := int64(32)
+			if sub == "ipv6_prefix" {
+				bits = 128
+			}
+			n, perr := positiveInt(arg, 32)
+			if perr != nil || n > bits {
+				return d.Errf("zone %q: %s must be 1 to %d, got %q", z.Name, sub, bits, arg)
+			}
+			if sub == "ipv4_prefix" {
+				z.IPv4Prefix = int(n)
+			} else {
+				z.IPv6Prefix = int(n)
+			}
 		default:
-			return d.Errf("zone %q: unknown subdirective %q (want key, rate, burst, cost, on_error, fleet_size or match)", z.Name, d.Val())
+			return d.Errf("zone %q: unknown subdirective %q (want key, algorithm, rate, burst, max_delay, window, events, cost, on_error, fleet_size, ipv4_prefix, ipv6_prefix or match)", z.Name, sub)
+		}
+		if err != nil {
+			return d.Errf("zone %q: %s %v, got %q", z.Name, sub, err, arg)
 		}
 	}
-	if z.Rate == 0 {
-		return start.Errf("zone %q: rate is required: rate <n> <duration>", z.Name)
+	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
+		return start.Errf("zone %q: rate is required: rate <n> <duration> (or window <duration> and events <n>)", z.Name)
 	}
 	// The checks provisioning makes, so that they come with a line here.
-	rule, err := limiter.NewRule(z.Name, z.Rate, time.Duration(z.Per), z.Burst)
-	if err != nil {
-		return rateLine.Errf("zone %q: %v", z.Name, err)
+	if ruleLine.Line() == 0 {
+		ruleLine = start
 	}
-	burst := rule.Burst
+	rule, err := z.compileRule()
+	if err != nil {
+		return ruleLine.Errf("zone %q: %v", z.Name, err)
+	}
 	if costSet && !strings.Contains(z.Cost, "{") {
-		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > burst {
-			return costLine.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, burst)
+		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > rule.Burst {
+			return costLine.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, rule.Burst)
 		}
 	}
 	return nil
+}
+
+// errNotPositiveInt and errNotPositiveDuration complete "zone %q: <sub> ...".
+var (
+	errNotPositiveInt      = errors.New("must be a positive integer")
+	errNotPositiveDuration = errors.New("must be a positive duration")
+)
+
+// positiveInt parses a positive integer that fits in bits bits.
+func positiveInt(arg string, bits int) (int64, error) {
+	n, err := strconv.ParseInt(arg, 10, min(bits, 64))
+	if err != nil || n <= 0 {
+		return 0, errNotPositiveInt
+	}
+	return n, nil
+}
+
+// positiveDuration parses a positive Caddy duration.
+func positiveDuration(arg string) (caddy.Duration, error) {
+	dur, err := caddy.ParseDuration(arg)
+	if err != nil || dur <= 0 {
+		return 0, errNotPositiveDuration
+	}
+	return caddy.Duration(dur), nil
 }
 
 // Interface guard

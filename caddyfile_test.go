@@ -457,7 +457,7 @@ var badCaddyfiles = []struct {
 			burst 1000000000
 		}
 	}
-}`, 4, `zone "api": burst x refill time is too large`},
+}`, 5, `zone "api": burst x refill time is too large`},
 	{"redis timeout not a duration", `:80 {
 	rate_limit {
 		redis {

@@ -62,6 +62,33 @@ type Handler struct {
 	// keys or user ids.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// Jitter adds, at random, up to this share of the wait to
+	// Retry-After, so that denied clients do not all come back at once:
+	// 0.2 and 20 both mean up to 20% (caddy-ratelimit's option). Default:
+	// none.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// SweepInterval is how often the memory store drops idle buckets
+	// (caddy-ratelimit's option). The store is shared by the whole
+	// process: the value of the configuration that creates it holds.
+	// Default: 1m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Distributed is caddy-ratelimit's distributed mode, accepted so that
+	// its Caddyfiles load unchanged, and ignored with a warning:
+	// fleetlimit shares state through Redis (the redis block), exactly.
+	Distributed *LegacyDistributed `json:"distributed,omitempty"`
+
+	// Storage is caddy-ratelimit's storage module for its distributed
+	// mode: accepted and ignored with a warning, like Distributed.
+	Storage json.RawMessage `json:"storage,omitempty"`
+
+	// DisableMetrics turns off this handler's Prometheus metrics and its
+	// statistics in the admin API (dashboard and fleet view included).
+	// Placeholders, events and logs stay. Default: metrics on.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	obs      *handlerObs // placeholders, events, metrics (observe.go)
 	headers  headerMode
 	limiter  *limiter.Limiter
 	poolKey  string
@@ -130,6 +157,15 @@ type RedisConfig struct {
 	// from Redis; then one request probes it, and its success closes the
 	// breaker. Default: 1s.
 	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+}
+
+// LegacyDistributed is caddy-ratelimit's distributed block, kept only so
+// that its configurations load.
+type LegacyDistributed struct {
+	// ReadInterval, WriteInterval and PurgeAge are that plugin's timings.
+	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
+	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
+	PurgeAge      caddy.Duration `json:"purge_age,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.
@@ -235,6 +271,7 @@ type Zone struct {
 	errDenied  error
 	errNever   error
 	errBadCost error
+	obs        *zoneObs // placeholders and stats (observe.go)
 }
 
 // defaultKey is the key of a zone that names none: the client's IP address
@@ -262,6 +299,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.headers = mode
+	if err := h.provisionCompat(); err != nil {
+		return err
+	}
 	if len(h.Zones) == 0 {
 		return errors.New("rate_limit: at least one zone is required")
 	}
@@ -298,12 +338,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {
 			// The fallback buckets live in this node's memory store,
 			// which outlives reloads like the Redis client does.
-			local, err := loadMemoryStore()
+			local, err := loadMemoryStore(time.Duration(h.SweepInterval))
 			if err != nil {
 				return err
 			}
 			h.localKey, opt.Local = memoryPoolKey, local
 		}
+	}
+	if err := h.provisionObservability(ctx, store, &opt); err != nil {
+		return err
 	}
 	h.limiter = limiter.New(store, opt)
 	return nil
@@ -387,7 +430,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 // it on first use, and the pool key to release it with.
 func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	if h.Redis == nil {
-		s, err := loadMemoryStore()
+		s, err := loadMemoryStore(time.Duration(h.SweepInterval))
 		return s, memoryPoolKey, err
 	}
 	opt, err := h.Redis.options()
@@ -410,7 +453,7 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 
 // loadMemoryStore returns this process's memory store, shared by every
 // handler and configuration (release it with stores.Delete(memoryPoolKey)).
-func loadMemoryStore() (*limiter.MemoryStore, error) {
+func loadMemoryStore(sweep time.Duration) (*limiter.MemoryStore, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
 		return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
 	})
@@ -430,7 +473,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases the stores; the last handler using one closes it.
 func (h *Handler) Cleanup() error {
-	var err error
+	err := h.cleanupObservability() // first: it may stop a reporter using the store
 	for _, key := range []string{h.poolKey, h.localKey} {
 		if key != "" {
 			if _, e := stores.Delete(key); e != nil {
@@ -481,6 +524,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	results = results[:len(reqs)]
 
 	outcome := h.limiter.Decide(r.Context(), reqs, results)
+	h.observe(repl, outcome, reqs, zones, results)
 	switch outcome {
 	case limiter.FailedOpen:
 		return next.ServeHTTP(w, r)
@@ -496,6 +540,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	reqs, zones, results = known(reqs, zones, results)
 	h.headers.write(w.Header(), zones, results, policy)
 	if outcome == limiter.Admitted || outcome == limiter.LocalAdmitted {
+		if err := h.wait(w, r, zones, results); err != nil {
+			return err
+		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, repl, reqs, zones, results)
@@ -547,7 +594,7 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limit
 	if never {
 		return caddyhttp.Error(http.StatusTooManyRequests, first.errNever)
 	}
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(retry), 10)}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(h.jitter(retry)), 10)}
 	return caddyhttp.Error(http.StatusTooManyRequests, first.errDenied)
 }
 

@@ -1,0 +1,467 @@
+package fleetlimit
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI serves the rate limiter's statistics and live dashboard on
+// Caddy's admin endpoint:
+//
+//	GET /rate_limit/        the dashboard (HTML; every asset embedded)
+//	GET /rate_limit/stats   the statistics, as JSON
+//
+// It needs no configuration: Caddy mounts every admin.api module.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// adminBase is the path every route of the module starts with.
+const adminBase = "/rate_limit/"
+
+// Routes returns the module's admin routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: adminBase, Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+//go:embed dashboard
+var dashboardFS embed.FS
+
+// dashboardFiles are the dashboard's assets, by path under adminBase.
+var dashboardFiles = map[string]string{
+	"":              "dashboard/index.html",
+	"dashboard.js":  "dashboard/dashboard.js",
+	"dashboard.css": "dashboard/dashboard.css",
+}
+
+func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	if status, err := serveDashboard(w, r, strings.TrimPrefix(r.URL.Path, adminBase)); err != nil {
+		return caddy.APIError{HTTPStatus: status, Err: err}
+	}
+	return nil
+}
+
+// serveDashboard serves one of the dashboard's resources by name ("" for
+// the page, "stats" for the statistics), or returns an error and its HTTP
+// status. The admin API and the rate_limit_dashboard handler share it.
+func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)
+	}
+	if name == "stats" {
+		return serveStats(w, r)
+	}
+	file, ok := dashboardFiles[name]
+	if !ok {
+		return http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path)
+	}
+	body, err := dashboardFS.ReadFile(file)
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	h := w.Header()
+	switch {
+	case strings.HasSuffix(file, ".html"):
+		h.Set("Content-Type", "text/html; charset=utf-8")
+	case strings.HasSuffix(file, ".js"):
+		h.Set("Content-Type", "text/javascript; charset=utf-8")
+	case strings.HasSuffix(file, ".css"):
+		h.Set("Content-Type", "text/css; charset=utf-8")
+	}
+	// Nothing but these files: no inline script, no other origin.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(body)
+	}
+	return 0, nil
+}
+
+func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
+	series := seriesSeconds
+	if v := r.URL.Query().Get("series"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > seriesSeconds {
+			return http.StatusBadRequest, fmt.Errorf("series must be 0 to %d seconds", seriesSeconds)
+		}
+		series = n
+	}
+	body, err := json.Marshal(collectStats(r.Context(), time.Now(), series))
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(body)
+	}
+	return 0, nil
+}
+
+// statsBody is the body of GET /rate_limit/stats.
+type statsBody struct {
+	// Node is this node's id in the fleet view (host name/process id).
+	Node string `json:"node"`
+	// Time is when the statistics were taken; Second is its unix second,
+	// the one the rates' windows end before (they cover whole seconds).
+	Time   time.Time    `json:"time"`
+	Second int64        `json:"second"`
+	Zones  []statsZone  `json:"zones"`
+	Stores []statsStore `json:"stores"`
+}
+
+// outcomeCounts has one field per zone outcome (see zoneOutcome).
+type outcomeCounts[T uint64 | float64] struct {
+	Allowed      T `json:"allowed"`
+	Denied       T `json:"denied"`
+	FailedOpen   T `json:"failed_open"`
+	FailedClosed T `json:"failed_closed"`
+	LocalAllowed T `json:"local_allowed"`
+	LocalDenied  T `json:"local_denied"`
+}
+
+func countsOf(c [limiter.NumOutcomes]uint64) outcomeCounts[uint64] {
+	return outcomeCounts[uint64]{
+		Allowed: c[limiter.Admitted], Denied: c[limiter.Denied],
+		FailedOpen: c[limiter.FailedOpen], FailedClosed: c[limiter.FailedClosed],
+		LocalAllowed: c[limiter.LocalAdmitted], LocalDenied: c[limiter.LocalDenied],
+	}
+}
+
+func ratesOf(c [limiter.NumOutcomes]uint64, seconds int) outcomeCounts[float64] {
+	d := float64(seconds)
+	return outcomeCounts[float64]{
+		Allowed: float64(c[limiter.Admitted]) / d, Denied: float64(c[limiter.Denied]) / d,
+		FailedOpen: float64(c[limiter.FailedOpen]) / d, FailedClosed: float64(c[limiter.FailedClosed]) / d,
+		LocalAllowed: float64(c[limiter.LocalAdmitted]) / d, LocalDenied: float64(c[limiter.LocalDenied]) / d,
+	}
+}
+
+// statsWindows are per-second rates over the last 1, 10 and 60 whole
+// seconds.
+type statsWindows struct {
+	One   outcomeCounts[float64] `json:"1s"`
+	Ten   outcomeCounts[float64] `json:"10s"`
+	Sixty outcomeCounts[float64] `json:"60s"`
+}
+
+// statsSeries is a chart's data: per second, oldest first, the last one
+// being End. Allowed counts every request that passed (allowed,
+// local_allowed, failed_open), Denied every one rejected (denied,
+// local_denied, failed_closed).
+type statsSeries struct {
+	End     int64    `json:"end"`
+	Allowed []uint64 `json:"allowed"`
+	Denied  []uint64 `json:"denied"`
+}
+
+type statsZone struct {
+	Name      string `json:"name"`
+	Algorithm string `json:"algorithm"`
+	Rate      int64  `json:"rate"`
+	Per       string `json:"per"`
+	Burst     int64  `json:"burst"`
+	OnError   string `json:"on_error"`
+	Store     string `json:"store"`
+	// Totals count since the zone entered the configuration (they
+	// survive reloads).
+	Totals        outcomeCounts[uint64] `json:"totals"`
+	DenyCacheHits uint64                `json:"deny_cache_hits"`
+	Rates         statsWindows          `json:"rates"`
+	TopDenied     statsTop              `json:"top_denied"`
+	Series        *statsSeries          `json:"series,omitempty"`
+	// Fleet is what every node sharing the zone's Redis decided; absent
+	// with the memory store.
+	Fleet *statsFleet `json:"fleet,omitempty"`
+}
+
+// statsTop lists the keys denied most since Since (one to two minutes ago).
+// Keys are digests (limiter.KeyDigest, as in the logs) unless the handler
+// has log_key. Denied may exceed the true count by at most Error.
+type statsTop struct {
+	Since  int64         `json:"since"`
+	Hashed bool          `json:"hashed"`
+	Keys   []statsTopKey `json:"keys"`
+}
+
+type statsTopKey struct {
+	Key    string `json:"key"`
+	Denied uint64 `json:"denied"`
+	Error  uint64 `json:"error"`
+}
+
+// statsFleet is the fleet's part of a zone: the nodes that reported in the
+// last 10 s, and counts of whole seconds of Redis' clock ending two seconds
+// ago (a node reports about a second late). Totals cover the last
+// WindowSeconds.
+type statsFleet struct {
+	Nodes         []string              `json:"nodes"`
+	WindowSeconds int                   `json:"window_seconds"`
+	Totals        outcomeCounts[uint64] `json:"totals"`
+	Rates         statsWindows          `json:"rates"`
+	Series        *statsSeries          `json:"series,omitempty"`
+	Error         string                `json:"error,omitempty"`
+}
+
+type statsStore struct {
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	// Status is ok, degraded (errors in the last 10 s) or down (the
+	// circuit breaker is open).
+	Status  string `json:"status"`
+	Breaker string `json:"breaker,omitempty"`
+	// Calls and errors per second over the last 10 s.
+	CallsPerSecond  float64 `json:"calls_per_second"`
+	ErrorsPerSecond float64 `json:"errors_per_second"`
+	// Errors since the store's stats began, by reason.
+	Errors    map[string]uint64 `json:"errors"`
+	Latency   *statsLatency     `json:"latency_ms,omitempty"`
+	LastError *statsError       `json:"last_error,omitempty"`
+	Fleet     *statsFleetStatus `json:"fleet,omitempty"`
+}
+
+// statsLatency are store call latency percentiles over the last 60 s, in
+// milliseconds (upper bounds of histogram buckets a quarter wide).
+type statsLatency struct {
+	Calls uint64  `json:"calls"`
+	P50   float64 `json:"p50"`
+	P90   float64 `json:"p90"`
+	P99   float64 `json:"p99"`
+	Max   float64 `json:"max"`
+}
+
+type statsError struct {
+	Message string    `json:"message"`
+	Time    time.Time `json:"time"`
+}
+
+// statsFleetStatus tells whether this node's reports reach the fleet view.
+type statsFleetStatus struct {
+	LastReport *time.Time  `json:"last_report,omitempty"`
+	LastError  *statsError `json:"last_error,omitempty"`
+}
+
+// collectStats gathers the statistics of every zone and store in the
+// process at time now, with series seconds of per-second counts.
+func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
+	sec := now.Unix()
+	out := &statsBody{Node: nodeID, Time: now, Second: sec, Zones: []statsZone{}, Stores: []statsStore{}}
+
+	var zones []*zoneStats
+	zoneRegistry.Range(func(_, v any) bool {
+		zones = append(zones, v.(*zoneStats))
+		return true
+	})
+	sort.Slice(zones, func(i, j int) bool { return zones[i].name < zones[j].name })
+	var stores []*storeStats
+	storeRegistry.Range(func(_, v any) bool {
+		stores = append(stores, v.(*storeStats))
+		return true
+	})
+	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
+
+	// The fleet's counts: one read per Redis store, for its zones.
+	fleets := map[*storeStats]*fleetRead{}
+	for _, s := range stores {
+		if s.fleet == nil {
+			continue
+		}
+		var names []string
+		for _, z := range zones {
+			if z.store.Load() == s {
+				names = append(names, z.name)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		view, err := s.fleet.read(ctx, names, max(series, 60))
+		fleets[s] = &fleetRead{view: view, err: err}
+	}
+
+	last := sec - 1 // the last whole second
+	for _, z := range zones {
+		info := z.info.Load()
+		zj := statsZone{
+			Name:          z.name,
+			Totals:        countsOf(z.loadTotals()),
+			DenyCacheHits: z.hits.Load(),
+			Rates: statsWindows{
+				One:   ratesOf(z.ring.sum(last, 1), 1),
+				Ten:   ratesOf(z.ring.sum(last, 10), 10),
+				Sixty: ratesOf(z.ring.sum(last, 60), 60),
+			},
+		}
+		if info != nil {
+			zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
+		}
+		store := z.store.Load()
+		if store != nil {
+			zj.Store = store.name
+		}
+		items, since := z.top.top(sec, topReport)
+		hashed := info == nil || !info.logKey
+		zj.TopDenied = statsTop{Since: since, Hashed: hashed, Keys: make([]statsTopKey, 0, len(items))}
+		for _, it := range items {
+			key := it.key
+			if hashed {
+				key = limiter.KeyDigest(key)
+			}
+			zj.TopDenied.Keys = append(zj.TopDenied.Keys, statsTopKey{Key: key, Denied: it.count, Error: it.over})
+		}
+		if series > 0 {
+			zj.Series = &statsSeries{End: last, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
+			for i := range series {
+				c := z.ring.get(last - int64(series-1-i))
+				zj.Series.Allowed[i], zj.Series.Denied[i] = passed(c), rejected(c)
+			}
+		}
+		if fr := fleets[store]; fr != nil {
+			zj.Fleet = fr.zone(z.name, series)
+		}
+		out.Zones = append(out.Zones, zj)
+	}
+	for _, s := range stores {
+		out.Stores = append(out.Stores, s.snapshot(sec))
+	}
+	return out
+}
+
+func passed(c [limiter.NumOutcomes]uint64) uint64 {
+	return c[limiter.Admitted] + c[limiter.LocalAdmitted] + c[limiter.FailedOpen]
+}
+
+func rejected(c [limiter.NumOutcomes]uint64) uint64 {
+	return c[limiter.Denied] + c[limiter.LocalDenied] + c[limiter.FailedClosed]
+}
+
+type fleetRead struct {
+	view *limiter.FleetView
+	err  error
+}
+
+// zone returns one zone's part of a fleet read.
+func (fr *fleetRead) zone(name string, series int) *statsFleet {
+	if fr.err != nil {
+		msg := fr.err.Error()
+		if errors.Is(fr.err, context.DeadlineExceeded) {
+			msg = "redis did not answer in time"
+		}
+		return &statsFleet{Nodes: []string{}, Error: msg}
+	}
+	fz := fr.view.Zones[name]
+	if fz == nil {
+		return &statsFleet{Nodes: []string{}}
+	}
+	secs := fz.Seconds
+	sum := func(n int) (c [limiter.NumOutcomes]uint64) {
+		for _, s := range secs[max(0, len(secs)-n):] {
+			for o, v := range s {
+				c[o] += uint64(max(v, 0))
+			}
+		}
+		return c
+	}
+	fj := &statsFleet{
+		Nodes: fz.Nodes,
+		Rates: statsWindows{One: ratesOf(sum(1), 1), Ten: ratesOf(sum(10), 10), Sixty: ratesOf(sum(60), 60)},
+	}
+	if fj.Nodes == nil {
+		fj.Nodes = []string{}
+	}
+	fj.WindowSeconds = len(secs)
+	fj.Totals = countsOf(sum(len(secs)))
+	n := min(series, len(secs))
+	if series > 0 {
+		fj.Series = &statsSeries{End: fr.view.End, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
+		off := series - n
+		for i, s := range secs[len(secs)-n:] {
+			var c [limiter.NumOutcomes]uint64
+			for o, v := range s {
+				c[o] = uint64(max(v, 0))
+			}
+			fj.Series.Allowed[off+i], fj.Series.Denied[off+i] = passed(c), rejected(c)
+		}
+	}
+	return fj
+}
+
+// snapshot reports the store's health at unix second now.
+func (s *storeStats) snapshot(now int64) statsStore {
+	sj := statsStore{Name: s.name, Kind: "memory", Status: "ok", Errors: map[string]uint64{}}
+	for r, name := range reasonNames {
+		sj.Errors[name] = s.errs[r].Load()
+	}
+	if s.redis == nil {
+		return sj
+	}
+	sj.Kind = "redis"
+	recent := s.lat.summary(now, 10)
+	sj.CallsPerSecond = float64(recent.calls) / 10
+	sj.ErrorsPerSecond = float64(recent.errors) / 10
+	state := s.redis.Breaker().State()
+	sj.Breaker = state.String()
+	switch {
+	case state != limiter.BreakerClosed:
+		sj.Status = "down"
+	case recent.errors > 0:
+		sj.Status = "degraded"
+	}
+	minute := s.lat.summary(now, latencySeconds)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	lat := &statsLatency{Calls: minute.calls, P50: ms(minute.quantile(.5)), P90: ms(minute.quantile(.9)), P99: ms(minute.quantile(.99))}
+	for i := latBuckets - 1; i >= 0; i-- {
+		if minute.buckets[i] > 0 {
+			lat.Max = ms(latUpper(i))
+			break
+		}
+	}
+	sj.Latency = lat
+	if e := s.last.Load(); e != nil {
+		sj.LastError = &statsError{Message: e.msg, Time: e.at}
+	}
+	if f := s.fleet; f != nil {
+		st := &statsFleetStatus{}
+		if ns := f.lastOK.Load(); ns != 0 {
+			t := time.Unix(0, ns)
+			st.LastReport = &t
+		}
+		if e := f.lastErr.Load(); e != nil && (st.LastReport == nil || e.at.After(*st.LastReport)) {
+			st.LastError = &statsError{Message: e.msg, Time: e.at}
+		}
+		sj.Fleet = st
+	}
+	return sj
+}
+
+// Interface guards
+var (
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+)

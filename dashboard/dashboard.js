@@ -1,0 +1,235 @@
+// The rate limit dashboard: polls stats once a second and draws what it
+// says. No library, nothing from another origin. Every value from the stats
+// goes into the page as text (client keys, with log_key, are client input).
+"use strict";
+
+const POLL_MS = 1000;
+const SVG = "http://www.w3.org/2000/svg";
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.append(c);
+  return e;
+}
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+function fmtRate(v) {
+  if (v === 0) return "0";
+  if (v >= 100) return v.toFixed(0);
+  if (v >= 10) return v.toFixed(1);
+  return v.toFixed(2);
+}
+
+function fmtMs(v) {
+  if (v >= 100) return v.toFixed(0) + " ms";
+  if (v >= 1) return v.toFixed(1) + " ms";
+  return (v * 1000).toFixed(0) + " µs";
+}
+
+// passed and rejected sum a zone's outcome rates the way the charts do.
+function passed(r) { return r.allowed + r.local_allowed + r.failed_open; }
+function rejected(r) { return r.denied + r.local_denied + r.failed_closed; }
+
+// niceMax rounds a chart's top up to 1, 2 or 5 times a power of ten.
+function niceMax(v) {
+  if (v <= 1) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+const W = 600, H = 170, L = 34, R = 6, T = 8, B = 18;
+
+// Chart is one SVG chart of allowed and denied per second.
+class Chart {
+  constructor(kind) {
+    this.root = svg("svg", { class: "chart " + kind, viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+    this.grid = svg("g");
+    this.aArea = svg("path", { class: "allowed-area" });
+    this.dArea = svg("path", { class: "denied-area" });
+    this.aLine = svg("path", { class: "allowed" });
+    this.dLine = svg("path", { class: "denied" });
+    this.root.append(this.grid, this.aArea, this.dArea, this.aLine, this.dLine);
+  }
+
+  draw(series, label) {
+    const a = series ? series.allowed : [], d = series ? series.denied : [];
+    const n = Math.max(a.length, 2);
+    const top = niceMax(Math.max(1, ...a, ...d));
+    const x = (i) => L + (i * (W - L - R)) / (n - 1);
+    const y = (v) => T + (H - T - B) * (1 - v / top);
+    const line = (vals) => vals.map((v, i) => (i ? "L" : "M") + x(i).toFixed(1) + " " + y(v).toFixed(1)).join("");
+    const area = (vals) => vals.length ? line(vals) + `L${x(vals.length - 1).toFixed(1)} ${y(0)}L${x(0).toFixed(1)} ${y(0)}Z` : "";
+    this.aLine.setAttribute("d", line(a));
+    this.dLine.setAttribute("d", line(d));
+    this.aArea.setAttribute("d", area(a));
+    this.dArea.setAttribute("d", area(d));
+
+    this.grid.replaceChildren();
+    for (const v of [0, top / 2, top]) {
+      this.grid.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      const t = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" });
+      t.textContent = Number.isInteger(v) ? String(v) : v.toFixed(1);
+      this.grid.append(t);
+    }
+    const minutes = Math.round(n / 60);
+    for (let m = minutes; m >= 0; m--) {
+      const i = n - 1 - m * 60;
+      if (i < 0) continue;
+      const t = svg("text", { x: x(i), y: H - 4, "text-anchor": m === 0 ? "end" : "middle" });
+      t.textContent = m === 0 ? "now" : `-${m}m`;
+      this.grid.append(t);
+    }
+    this.root.setAttribute("aria-label", label);
+    this.root.dataset.end = series ? series.end : 0;
+    this.root.dataset.allowedSum = a.reduce((s, v) => s + v, 0);
+    this.root.dataset.deniedSum = d.reduce((s, v) => s + v, 0);
+  }
+}
+
+function ratesLine(rates) {
+  const box = el("div", { class: "rates" });
+  for (const [name, r] of [["1 s", rates["1s"]], ["10 s", rates["10s"]], ["60 s", rates["60s"]]]) {
+    const a = el("span", { class: "a" }, fmtRate(passed(r)));
+    const d = el("span", { class: "d" }, fmtRate(rejected(r)));
+    box.append(el("span", {}, name + ": ", a, " / ", d, " /s"));
+  }
+  return box;
+}
+
+// ZoneCard is one zone's card, kept across updates.
+class ZoneCard {
+  constructor(name) {
+    this.root = el("section", { class: "zone", "data-zone": name });
+    this.title = el("h2");
+    this.rule = el("div", { class: "rule" });
+    this.localRates = el("div");
+    this.localChart = new Chart("local");
+    this.fleetTitle = el("h3", {}, "Fleet");
+    this.fleetRates = el("div");
+    this.fleetChart = new Chart("fleet");
+    this.fleetError = el("div", { class: "fleet-error" });
+    this.topBody = el("tbody");
+    this.topTitle = el("h3", {}, "Top denied keys");
+    const legend = () => el("div", { class: "legend" }, el("span", { class: "a" }, "allowed"), " ", el("span", { class: "d" }, "denied"), " per second");
+    this.fleetPanel = el("div", { class: "panel fleet" }, this.fleetTitle, this.fleetRates, this.fleetChart.root, this.fleetError, legend());
+    const table = el("table", { class: "top" },
+      el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "key"), el("th", { class: "n" }, "denied"))),
+      this.topBody);
+    this.root.append(this.title, this.rule,
+      el("div", { class: "panels" },
+        el("div", { class: "panel local" }, el("h3", {}, "This node"), this.localRates, this.localChart.root, legend()),
+        this.fleetPanel,
+        el("div", { class: "panel top" }, this.topTitle, table)));
+  }
+
+  update(z) {
+    this.title.textContent = z.name;
+    const rule = z.rate ? `${z.rate} per ${z.per}` + (z.burst && z.algorithm === "token_bucket" ? `, burst ${z.burst}` : "") : "";
+    this.rule.textContent = [rule, z.algorithm, "on_error " + (z.on_error || "allow"), "store " + z.store,
+      `deny cache hits ${z.deny_cache_hits}`].filter(Boolean).join(" · ");
+    this.localRates.replaceChildren(ratesLine(z.rates));
+    this.localChart.draw(z.series, `${z.name}: allowed and denied per second on this node`);
+
+    if (z.fleet) {
+      this.fleetPanel.hidden = false;
+      const nodes = z.fleet.nodes.length;
+      this.fleetTitle.textContent = `Fleet · ${nodes} node${nodes === 1 ? "" : "s"}`;
+      this.fleetTitle.title = z.fleet.nodes.join("\n");
+      this.fleetRates.replaceChildren(ratesLine(z.fleet.rates));
+      this.fleetChart.draw(z.fleet.series, `${z.name}: allowed and denied per second across the fleet`);
+      this.fleetError.textContent = z.fleet.error ? "fleet view unavailable: " + z.fleet.error : "";
+    } else {
+      this.fleetPanel.hidden = true;
+    }
+
+    const since = new Date(z.top_denied.since * 1000);
+    this.topTitle.textContent = `Top denied keys since ${since.toLocaleTimeString()}` + (z.top_denied.hashed ? " (digests)" : "");
+    const rows = z.top_denied.keys.map((k, i) => el("tr", {},
+      el("td", {}, String(i + 1)),
+      el("td", { class: "key" }, k.key),
+      el("td", { class: "n", title: k.error ? `may be over by up to ${k.error}` : "exact" }, String(k.denied) + (k.error ? ` ±${k.error}` : ""))));
+    if (rows.length === 0) rows.push(el("tr", { class: "none" }, el("td", { colspan: "3" }, "nobody denied")));
+    this.topBody.replaceChildren(...rows);
+  }
+}
+
+function storeCard(s) {
+  const kv = el("div", { class: "kv" });
+  const add = (k, v) => kv.append(el("span", {}, k + " ", el("b", {}, v)));
+  if (s.kind === "redis") {
+    add("breaker", s.breaker);
+    add("calls", fmtRate(s.calls_per_second) + "/s");
+    add("errors", fmtRate(s.errors_per_second) + "/s");
+    const l = s.latency_ms;
+    if (l && l.calls > 0) {
+      add("p50", fmtMs(l.p50));
+      add("p90", fmtMs(l.p90));
+      add("p99", fmtMs(l.p99));
+      add("max", fmtMs(l.max));
+    }
+    add("timeouts", String(s.errors.timeout));
+    add("failures", String(s.errors.error));
+  } else {
+    add("kind", "in-process memory (this node only)");
+  }
+  const card = el("div", { class: "store", "data-store": s.name },
+    el("div", {}, el("span", { class: "name" }, s.name), el("span", { class: "badge " + s.status }, s.status)), kv);
+  if (s.last_error && s.status !== "ok") {
+    card.append(el("div", { class: "lasterror" }, `last error ${new Date(s.last_error.time).toLocaleTimeString()}: ${s.last_error.message}`));
+  }
+  if (s.fleet && s.fleet.last_error) {
+    card.append(el("div", { class: "lasterror" }, "fleet view: " + s.fleet.last_error.message));
+  }
+  return card;
+}
+
+const cards = new Map();
+
+function render(stats) {
+  document.getElementById("node").textContent = "node " + stats.node;
+  document.getElementById("stores").replaceChildren(...stats.stores.map(storeCard));
+  const main = document.getElementById("zones");
+  const seen = new Set();
+  for (const z of stats.zones) {
+    let card = cards.get(z.name);
+    if (!card) {
+      card = new ZoneCard(z.name);
+      cards.set(z.name, card);
+    }
+    card.update(z);
+    main.append(card.root); // keeps the order of the stats
+    seen.add(z.name);
+  }
+  for (const [name, card] of cards) {
+    if (!seen.has(name)) {
+      card.root.remove();
+      cards.delete(name);
+    }
+  }
+  document.getElementById("empty").hidden = stats.zones.length > 0;
+}
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const resp = await fetch("stats", { cache: "no-store" });
+    if (!resp.ok) throw new Error(`stats: HTTP ${resp.status}`);
+    render(await resp.json());
+    document.body.dataset.updates = String(Number(document.body.dataset.updates) + 1);
+    status.textContent = "live · " + new Date().toLocaleTimeString();
+    status.className = "status live";
+  } catch (err) {
+    status.textContent = "disconnected: " + err.message;
+    status.className = "status error";
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();

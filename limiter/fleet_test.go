@@ -1,0 +1,68 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// TestFleetCounters: reports from two nodes add up per second of Redis'
+// clock, zones stay apart, the nodes are listed, and every key expires.
+func TestFleetCounters(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := newRedisStore(t, RedisOptions{Address: r.Addr, KeyPrefix: "fl:"})
+	ctx := context.Background()
+	var a, b FleetReport
+	a.Zone, a.Counts[Admitted], a.Counts[Denied] = "api", 5, 2
+	b.Zone, b.Counts[Admitted], b.Counts[FailedOpen] = "api", 3, 1
+	login := FleetReport{Zone: "login"}
+	login.Counts[LocalDenied] = 4
+	if err := s.FleetReport(ctx, "node-a", []FleetReport{a, login}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FleetReport(ctx, "node-b", []FleetReport{b}); err != nil {
+		t.Fatal(err)
+	}
+	// The view ends two seconds before Redis' current second.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(2100 * time.Millisecond)))
+	view, err := s.FleetRead(ctx, []string{"api", "login", "idle"}, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := func(z string) (c [NumOutcomes]int64) {
+		for _, sec := range view.Zones[z].Seconds {
+			for o, n := range sec {
+				c[o] += n
+			}
+		}
+		return c
+	}
+	if got := sum("api"); got[Admitted] != 8 || got[Denied] != 2 || got[FailedOpen] != 1 || got[LocalDenied] != 0 {
+		t.Errorf("api: %v", got)
+	}
+	if got := sum("login"); got[LocalDenied] != 4 || got[Admitted] != 0 {
+		t.Errorf("login: %v", got)
+	}
+	if got := sum("idle"); got != ([NumOutcomes]int64{}) || len(view.Zones["idle"].Seconds) != 60 {
+		t.Errorf("idle: %v over %d seconds", got, len(view.Zones["idle"].Seconds))
+	}
+	if n := view.Zones["api"].Nodes; len(n) != 2 || n[0] != "node-a" || n[1] != "node-b" {
+		t.Errorf("api nodes %q", n)
+	}
+	if n := view.Zones["login"].Nodes; len(n) != 1 || n[0] != "node-a" {
+		t.Errorf("login nodes %q", n)
+	}
+	for _, k := range strings.Split(r.MustDo("KEYS", "fl:*"), "\n") {
+		if !strings.HasPrefix(k, "fl:fleet:{") || strings.HasSuffix(k, "}") {
+			t.Errorf("key %q: want fl:fleet:{zone}:..., never ending in a brace like a bucket", k)
+		}
+		if ttl, _ := strconv.Atoi(r.MustDo("TTL", k)); ttl <= 0 {
+			t.Errorf("%s has no TTL (%d)", k, ttl)
+		}
+	}
+}

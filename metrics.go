@@ -1,0 +1,215 @@
+package fleetlimit
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// Prometheus metrics. Caddy gives every config load a new registry
+// (ctx.GetMetricsRegistry), so the collectors below are created once per
+// process and registered into each new registry on every Provision: the
+// counters keep counting across reloads. Labels are zone names and store
+// names, which come from the configuration: a client key is never a label,
+// so the number of series does not follow the clients.
+//
+//	caddy_rate_limit_decisions_total{zone,outcome}         counter
+//	caddy_rate_limit_deny_cache_hits_total{zone}           counter
+//	caddy_rate_limit_store_duration_seconds{store}         histogram
+//	caddy_rate_limit_store_errors_total{store,reason}      counter
+//	caddy_rate_limit_breaker_open{store}                   gauge
+//
+// outcome is one of allowed, denied, failed_open, failed_closed,
+// local_allowed, local_denied (see zoneOutcome); reason is one of timeout,
+// breaker_open, error.
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "rate_limit"
+)
+
+// outcomeNames label each limiter.Outcome when it is a zone's outcome.
+var outcomeNames = [limiter.NumOutcomes]string{
+	limiter.Admitted:      "allowed",
+	limiter.Denied:        "denied",
+	limiter.FailedOpen:    "failed_open",
+	limiter.FailedClosed:  "failed_closed",
+	limiter.LocalAdmitted: "local_allowed",
+	limiter.LocalDenied:   "local_denied",
+}
+
+// Store error reasons, as labelled.
+const (
+	reasonTimeout = iota
+	reasonBreakerOpen
+	reasonError
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"timeout", "breaker_open", "error"}
+
+var metrics = struct {
+	once          sync.Once
+	decisions     *prometheus.CounterVec
+	cacheHits     *prometheus.CounterVec
+	storeDuration *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec
+	breaker       *breakerCollector
+
+	// mu guards users: how many stats values use the series of a zone or
+	// store name. Their series are deleted when the last one goes, not
+	// when a value that a successor (or a twin) outlives goes.
+	mu    sync.Mutex
+	users map[string]int
+}{users: make(map[string]int)}
+
+func initMetrics() {
+	metrics.once.Do(func() {
+		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Subsystem: metricsSubsystem,
+			Name:      "decisions_total",
+			Help:      "Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied.",
+		}, []string{"zone", "outcome"})
+		metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Subsystem: metricsSubsystem,
+			Name:      "deny_cache_hits_total",
+			Help:      "Requests denied by the node's deny cache without asking the store, per zone.",
+		}, []string{"zone"})
+		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricsNamespace,
+			Subsystem: metricsSubsystem,
+			Name:      "store_duration_seconds",
+			Help:      "Time of each decision call to the shared store (Redis), failed ones included.",
+			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"store"})
+		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Subsystem: metricsSubsystem,
+			Name:      "store_errors_total",
+			Help:      "Decisions the shared store (Redis) could not make, by reason: timeout, breaker_open, error.",
+		}, []string{"store", "reason"})
+		metrics.breaker = &breakerCollector{desc: prometheus.NewDesc(
+			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "breaker_open"),
+			"1 while the store's circuit breaker is open or waiting for its probe (decisions take the zones' failure policies), else 0.",
+			[]string{"store"}, nil)}
+	})
+}
+
+// registerMetrics registers the collectors into a config's registry; ones
+// already there (another handler of the same config) are fine.
+func registerMetrics(reg *prometheus.Registry) error {
+	initMetrics()
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits,
+		metrics.storeDuration, metrics.storeErrors, metrics.breaker} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// zoneSeries are a zone's metrics, resolved once so that the request path
+// only adds to them.
+type zoneSeries struct {
+	decisions [limiter.NumOutcomes]prometheus.Counter
+	cacheHits prometheus.Counter
+}
+
+// claimZoneSeries returns the zone's series, counting one more user.
+func claimZoneSeries(zone string) zoneSeries {
+	initMetrics()
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	metrics.users["zone:"+zone]++
+	var s zoneSeries
+	for o := range s.decisions {
+		s.decisions[o] = metrics.decisions.WithLabelValues(zone, outcomeNames[o])
+	}
+	s.cacheHits = metrics.cacheHits.WithLabelValues(zone)
+	return s
+}
+
+// releaseZoneSeries counts one user less, and deletes the zone's series
+// after the last: a zone that leaves the configuration leaves the metrics.
+func releaseZoneSeries(zone string) {
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	if metrics.users["zone:"+zone]--; metrics.users["zone:"+zone] > 0 {
+		return
+	}
+	delete(metrics.users, "zone:"+zone)
+	for _, name := range outcomeNames {
+		metrics.decisions.DeleteLabelValues(zone, name)
+	}
+	metrics.cacheHits.DeleteLabelValues(zone)
+}
+
+// storeSeries are a store's metrics.
+type storeSeries struct {
+	duration prometheus.Observer
+	errors   [numReasons]prometheus.Counter
+}
+
+func claimStoreSeries(store string) storeSeries {
+	initMetrics()
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	metrics.users["store:"+store]++
+	s := storeSeries{duration: metrics.storeDuration.WithLabelValues(store)}
+	for r := range s.errors {
+		s.errors[r] = metrics.storeErrors.WithLabelValues(store, reasonNames[r])
+	}
+	return s
+}
+
+func releaseStoreSeries(store string) {
+	metrics.mu.Lock()
+	defer metrics.mu.Unlock()
+	if metrics.users["store:"+store]--; metrics.users["store:"+store] > 0 {
+		return
+	}
+	delete(metrics.users, "store:"+store)
+	metrics.storeDuration.DeleteLabelValues(store)
+	for _, r := range reasonNames {
+		metrics.storeErrors.DeleteLabelValues(store, r)
+	}
+}
+
+// breakerCollector reports each Redis store's circuit breaker at scrape
+// time. Two stores of the same name (the same servers, with settings that
+// differ otherwise) are reported as one: open if either is.
+type breakerCollector struct {
+	desc *prometheus.Desc
+}
+
+func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	open := map[string]float64{}
+	storeRegistry.Range(func(_, v any) bool {
+		s := v.(*storeStats)
+		if s.redis == nil {
+			return true
+		}
+		val := 0.0
+		if s.redis.Breaker().State() != limiter.BreakerClosed {
+			val = 1
+		}
+		open[s.name] = max(open[s.name], val)
+		return true
+	})
+	for name, val := range open {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, val, name)
+	}
+}

@@ -1,0 +1,287 @@
+//go:build unix
+
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/cdp"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// dashboardState is what the test reads of the dashboard's DOM.
+type dashboardState struct {
+	Updates int    `json:"updates"`
+	Status  string `json:"status"`
+	Stores  []struct {
+		Name  string `json:"name"`
+		Badge string `json:"badge"`
+	} `json:"stores"`
+	Zones []struct {
+		Name        string   `json:"name"`
+		LocalDenied string   `json:"localDenied"`
+		LocalSum    int      `json:"localSum"`
+		LocalEnd    int64    `json:"localEnd"`
+		FleetSum    int      `json:"fleetSum"`
+		FleetTitle  string   `json:"fleetTitle"`
+		Rows        []string `json:"rows"`
+		TopKey      string   `json:"topKey"`
+		TopCount    string   `json:"topCount"`
+	} `json:"zones"`
+}
+
+const readDashboard = `(() => {
+  const q = (root, sel) => root.querySelector(sel);
+  if (!document.getElementById("status")) return {updates: 0, status: "loading", stores: [], zones: []};
+  return {
+    updates: Number(document.body.dataset.updates),
+    status: document.getElementById("status").textContent,
+    stores: [...document.querySelectorAll(".store")].map(s => ({name: s.dataset.store, badge: q(s, ".badge").textContent})),
+    zones: [...document.querySelectorAll("section.zone")].map(z => {
+      const local = q(z, "svg.chart.local"), fleet = q(z, "svg.chart.fleet");
+      const first = q(z, "table.top tbody tr:not(.none)");
+      return {
+        name: z.dataset.zone,
+        localDenied: q(local, "path.denied").getAttribute("d") || "",
+        localSum: Number(local.dataset.deniedSum || 0),
+        localEnd: Number(local.dataset.end || 0),
+        fleetSum: Number(fleet.dataset.deniedSum || 0),
+        fleetTitle: q(z, ".panel.fleet h3").textContent,
+        rows: [...z.querySelectorAll("table.top tbody tr")].map(tr => tr.textContent),
+        topKey: first ? q(first, "td.key").textContent : "",
+        topCount: first ? q(first, "td.n").textContent : "",
+      };
+    }),
+  };
+})()`
+
+// TestDashboardInChromium opens the dashboard of one of two nodes sharing a
+// Redis in headless Chromium while both are denied requests, and checks
+// that the page polls, that the chart and the top keys table change with
+// the load, and that the fleet view counts both nodes. It keeps a
+// screenshot. It does not run in parallel: a browser and a steady load are
+// a lot for a small machine, and the suite's latency tests should not pay
+// for them.
+func TestDashboardInChromium(t *testing.T) {
+	bin := cdp.FindChromium()
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is not installed (.ci/run installs it: apt-get install chromium)")
+		}
+		t.Skip("chromium is not installed (apt-get install chromium)")
+	}
+	r := redistest.Start(t)
+	site := fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 1s
+		}
+		zone api {
+			key {header.X-Key}
+			rate 10 1s
+		}
+		zone login {
+			key {header.X-Key}
+			rate 2 1s
+			match {
+				path /login
+			}
+		}
+	}
+	respond "ok"`, r.Addr)
+	a, b := startCaddy(t, "", site), startCaddy(t, "", site)
+
+	// Load on both nodes until the test ends: "mallory" floods and is
+	// denied most, "eve" a little less, the others stay within the limit.
+	ctx, stopLoad := context.WithTimeout(context.Background(), 10*time.Minute)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stopLoad(); wg.Wait() })
+	for i, nd := range []*node{a, b, a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			client := &http.Client{Timeout: 5 * time.Second}
+			for ctx.Err() == nil {
+				key, path := "mallory", "/"
+				switch x := rng.IntN(10); {
+				case x < 3:
+					key = "eve"
+				case x < 4:
+					key, path = fmt.Sprintf("user-%d", rng.IntN(20)), "/"
+				case x < 5:
+					key, path = "mallory", "/login"
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, nd.URL+path, nil)
+				req.Header.Set("X-Key", key)
+				if resp, err := client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+				time.Sleep(8 * time.Millisecond)
+			}
+		}()
+	}
+
+	// Caddy's admin endpoint refuses browser requests that carry neither
+	// Origin nor Referer, as a typed URL does, unless the empty origin is
+	// allowed: the configuration the README gives for the dashboard.
+	a.allowAdminOrigins(a.Admin, "")
+
+	browser, err := cdp.Launch(bin, 1360, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(browser.Close)
+	page, err := browser.NewPage("http://" + a.Admin + "/rate_limit/")
+	if err != nil {
+		t.Fatalf("%v\nchromium output:\n%s", err, browser.Output())
+	}
+	t.Cleanup(func() { page.Close() })
+
+	read := func() dashboardState {
+		t.Helper()
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var s dashboardState
+		if err := page.Eval(c, readDashboard, &s); err != nil {
+			t.Fatalf("reading the dashboard: %v", err)
+		}
+		return s
+	}
+	zone := func(s dashboardState, name string) int {
+		for i := range s.Zones {
+			if s.Zones[i].Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	// waitFor polls the page until cond holds.
+	waitFor := func(what string, timeout time.Duration, cond func(dashboardState) bool) dashboardState {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for {
+			s := read()
+			if cond(s) {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the dashboard never showed %s; it shows %+v", what, s)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	first := waitFor("both zones with denials", 15*time.Second, func(s dashboardState) bool {
+		i, j := zone(s, "api"), zone(s, "login")
+		return s.Updates >= 1 && i >= 0 && j >= 0 && s.Zones[i].LocalSum > 0 && s.Zones[i].TopKey != ""
+	})
+	if !strings.HasPrefix(first.Status, "live") {
+		t.Errorf("status %q, want live", first.Status)
+	}
+	if len(first.Stores) != 1 || first.Stores[0].Name != "redis:"+r.Addr || first.Stores[0].Badge != "ok" {
+		t.Errorf("store panel %+v", first.Stores)
+	}
+	// Keys are digests unless log_key: mallory is denied most.
+	api := first.Zones[zone(first, "api")]
+	if api.TopKey != limiter.KeyDigest("mallory") || len(api.Rows) < 2 {
+		t.Errorf("top denied in api: first %q (want mallory's digest %q), rows %q", api.TopKey, limiter.KeyDigest("mallory"), api.Rows)
+	}
+
+	// Seconds later: the page has polled about once a second, the chart
+	// has moved on and holds more denials, the table's counts grew, and
+	// the fleet panel counts both nodes and their denials.
+	time.Sleep(2500 * time.Millisecond)
+	later := waitFor("the fleet's denials from two nodes", 15*time.Second, func(s dashboardState) bool {
+		i := zone(s, "api")
+		return i >= 0 && s.Zones[i].FleetSum > 0 && strings.Contains(s.Zones[i].FleetTitle, "2 nodes")
+	})
+	api2 := later.Zones[zone(later, "api")]
+	if later.Updates < first.Updates+2 {
+		t.Errorf("%d updates, then %d 2.5 s later: the page does not poll every second", first.Updates, later.Updates)
+	}
+	if api2.LocalDenied == api.LocalDenied || api2.LocalEnd <= api.LocalEnd || api2.LocalSum <= api.LocalSum {
+		t.Errorf("the chart did not move: end %d -> %d, denied %d -> %d", api.LocalEnd, api2.LocalEnd, api.LocalSum, api2.LocalSum)
+	}
+	if api2.TopKey != api.TopKey || api2.TopCount == api.TopCount {
+		t.Errorf("the table did not update: %q %q -> %q %q", api.TopKey, api.TopCount, api2.TopKey, api2.TopCount)
+	}
+	if api2.FleetSum <= api2.LocalSum/2 {
+		t.Errorf("fleet denials %d against this node's %d: the fleet view misses the other node", api2.FleetSum, api2.LocalSum)
+	}
+
+	// FLEETLIMIT_DASHBOARD_SECONDS keeps the load and the page running
+	// longer before the screenshot, so that the charts fill up (how
+	// docs/dashboard.png is made).
+	if v := os.Getenv("FLEETLIMIT_DASHBOARD_SECONDS"); v != "" {
+		secs, _ := strconv.Atoi(v)
+		time.Sleep(time.Duration(min(secs, 600)) * time.Second)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	png, err := page.Screenshot(c)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) || len(png) < 10_000 {
+		t.Fatalf("screenshot of %d bytes is not a PNG of a page", len(png))
+	}
+	dir, err := cdp.ArtifactDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "dashboard.png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dashboard screenshot: %s", path)
+}
+
+// allowAdminOrigins sets the admin endpoint's allowed origins through the
+// admin API, as `admin { origins ... }` in the Caddyfile would, and waits
+// for the restarted endpoint.
+func (n *node) allowAdminOrigins(origins ...string) {
+	n.t.Helper()
+	body, _ := json.Marshal(origins)
+	req, _ := http.NewRequest(http.MethodPut, "http://"+n.Admin+"/config/admin/origins", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		n.t.Fatalf("setting admin origins: %v", err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		n.t.Fatalf("setting admin origins: %d %s", resp.StatusCode, msg)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + n.Admin + "/config/admin/origins")
+		if err == nil {
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && bytes.Equal(bytes.TrimSpace(got), body) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the admin endpoint did not come back with origins %q", origins)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
