@@ -4,13 +4,18 @@
 -- counts nothing in the next one. See limiter/windows.go.
 --
 -- Parameters: p1 window (us), p2 limit.
--- Reply: flag, count in the current window, microseconds into it, 0.
+-- Reports: flag, count in the current window, microseconds into it, 0.
 
+--@helpers
 local W_BITS = 2097152 -- 2^21: one counter
-local function win_unpack(key, window, now)
+
+-- win_unpack returns a window state's counts as seen now: the previous
+-- window's, the current one's, the microseconds into the current window,
+-- and the current window's index.
+local function win_unpack(key, window)
   local w = math.floor(now / window)
   local elapsed = now - w * window
-  local v = get_int(key)
+  local v = redis.call('GET', key)
   if not v then return 0, 0, elapsed, w end
   v = tonumber(v)
   local idx = math.floor(v / (W_BITS * W_BITS))
@@ -21,28 +26,18 @@ local function win_unpack(key, window, now)
   return 0, 0, elapsed, w
 end
 
-local function win_pack(w, prev, curr)
-  return string.format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr)
+local function win_write(key, w, prev, curr, ttl_us)
+  redis.call('SET', key, string.format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), 'PX', ceil_div(ttl_us, 1000))
 end
 
-ALG[2] = {
-  check = function(key, p, cost, now)
-    local window, limit = p[1], p[2]
-    local _, curr, elapsed = win_unpack(key, window, now)
-    if cost > limit then return {2, curr, elapsed, 0} end
-    if curr + cost <= limit then return {1, curr, elapsed, 0} end
-    return {0, curr, elapsed, 0}
-  end,
-  commit = function(key, p, cost, now, v)
-    local window = p[1]
-    local w = math.floor(now / window)
-    redis.call('SET', key, win_pack(w, 0, v[2] + cost), 'PX', ceil_div(window - v[3], 1000))
-  end,
-  refund = function(key, p, cost, now)
-    local window = p[1]
-    local _, curr, elapsed, w = win_unpack(key, window, now)
-    if curr > 0 then
-      redis.call('SET', key, win_pack(w, 0, math.max(0, curr - cost)), 'PX', ceil_div(window - elapsed, 1000))
-    end
-  end,
-}
+--@check
+local _
+_, r1, r2 = win_unpack(key, p1)
+if cost > p2 then flag = 2 elseif r1 + cost <= p2 then flag = 1 else flag = 0 end
+
+--@commit
+win_write(key, math.floor(now / p1), 0, r1 + cost, p1 - r2)
+
+--@refund
+local _, curr, elapsed, w = win_unpack(key, p1)
+if curr > 0 then win_write(key, w, 0, math.max(0, curr - cost), p1 - elapsed) end

@@ -4,18 +4,20 @@
 -- max_delay microseconds. See limiter/leakybucket.go.
 --
 -- Parameters: p1 denom, p2 interval, p3 burst, p4 max delay (us).
--- Reply: flag, debt before the request (its wait, in ticks), debt after, 0.
+-- Reports: flag, debt before the request (its wait, in ticks), debt after, 0.
 
-ALG[4] = {
-  check = function(key, p, cost, now)
-    local denom, interval, burst, max_delay = p[1], p[2], p[3], p[4]
-    local cap = burst * interval
-    local debt = tb_debt(key, denom, cap, now)
-    if cost > burst then return {2, debt, debt, 0} end
-    local after = debt + cost * interval
-    if after <= cap and ceil_div(debt, denom) <= max_delay then return {1, debt, after, 0} end
-    return {0, debt, after, 0}
-  end,
-  commit = ALG[0].commit,
-  refund = ALG[0].refund,
-}
+--@check
+local cap = p3 * p2
+r1 = tb_debt(key, p1, cap)
+if cost > p3 then
+  flag, r2 = 2, r1
+else
+  r2 = r1 + cost * p2
+  if r2 <= cap and ceil_div(r1, p1) <= p4 then flag = 1 else flag = 0 end
+end
+
+--@commit
+tb_write(key, p1, r2)
+
+--@refund
+tb_write(key, p1, tb_debt(key, p1, p3 * p2) - cost * p2)

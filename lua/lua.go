@@ -1,11 +1,20 @@
 // Package lua holds the Redis scripts that decide rate limits: one file per
-// algorithm (each registers its check, commit and refund), a prelude they
-// share, and the two entry points, embedded into the binary and assembled
-// into the two scripts the limiter loads.
+// algorithm, a prelude they share, and the two entry points, embedded into
+// the binary and assembled into the two scripts the limiter loads.
+//
+// An algorithm file has sections, each starting with a marker line:
+// "--@helpers" (local functions, placed once after the prelude), "--@check"
+// (decides one zone: reads key, p1..p4, cost and now; sets flag, r1, r2,
+// r3), "--@commit" (charges an admitted request: reads the same and r1..r3)
+// and "--@refund" (gives a charge back). decide.lua and refund.lua say
+// where the sections go with "--@dispatch <section>": each algorithm's
+// section is inlined there in one if/elseif chain on the zone's algorithm
+// id. Nothing but the request's own work runs per call.
 package lua
 
 import (
 	_ "embed"
+	"fmt"
 	"strings"
 )
 
@@ -14,27 +23,83 @@ var (
 	prelude string
 	//go:embed token_bucket.lua
 	tokenBucket string
-	//go:embed leaky_bucket.lua
-	leakyBucket string
-	//go:embed fixed_window.lua
-	fixedWindow string
 	//go:embed sliding_window.lua
 	slidingWindow string
+	//go:embed fixed_window.lua
+	fixedWindow string
 	//go:embed sliding_log.lua
 	slidingLog string
+	//go:embed leaky_bucket.lua
+	leakyBucket string
 	//go:embed decide.lua
 	decide string
 	//go:embed refund.lua
 	refund string
 )
 
-// algorithms is every algorithm's file, in an order that satisfies their
-// references (the leaky bucket reuses the token bucket's functions, the
-// sliding window the fixed window's).
-var algorithms = []string{tokenBucket, leakyBucket, fixedWindow, slidingWindow, slidingLog}
+// algorithms lists the algorithm files by id (the limiter's Algorithm
+// values), in an order that satisfies their helpers' references (the
+// sliding window uses the fixed window's, the leaky bucket the token
+// bucket's).
+var algorithms = []struct {
+	id   int
+	file string
+}{
+	{0, tokenBucket},
+	{2, fixedWindow},
+	{1, slidingWindow},
+	{3, slidingLog},
+	{4, leakyBucket},
+}
+
+// sections splits an algorithm file into its marked sections.
+func sections(file string) map[string]string {
+	out := map[string]string{}
+	name := ""
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(file, "\n") {
+		if m, ok := strings.CutPrefix(strings.TrimSpace(line), "--@"); ok {
+			if name != "" {
+				out[name] = b.String()
+			}
+			name = m
+			b.Reset()
+			continue
+		}
+		if name != "" {
+			b.WriteString(line)
+		}
+	}
+	if name != "" {
+		out[name] = b.String()
+	}
+	return out
+}
 
 func assemble(main string) string {
-	return strings.Join(append(append([]string{prelude}, algorithms...), main), "\n")
+	var b strings.Builder
+	b.WriteString(prelude)
+	parsed := make([]map[string]string, len(algorithms))
+	for i, a := range algorithms {
+		parsed[i] = sections(a.file)
+		b.WriteString(parsed[i]["helpers"])
+	}
+	for _, line := range strings.SplitAfter(main, "\n") {
+		section, ok := strings.CutPrefix(strings.TrimSpace(line), "--@dispatch ")
+		if !ok {
+			b.WriteString(line)
+			continue
+		}
+		for i, a := range algorithms {
+			kw := "elseif"
+			if i == 0 {
+				kw = "if"
+			}
+			fmt.Fprintf(&b, "%s alg == %d then\n%s", kw, a.id, parsed[i][section])
+		}
+		b.WriteString("end\n")
+	}
+	return b.String()
 }
 
 // Decide decides one request against all its zones atomically, whatever

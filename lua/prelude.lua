@@ -1,28 +1,22 @@
--- prelude.lua: what every algorithm shares. The scripts are assembled by
--- lua.go: this prelude, one file per algorithm (each registers its check,
--- commit and refund in ALG), then decide.lua or refund.lua.
+-- prelude.lua: what every algorithm shares. lua.go assembles the scripts:
+-- this prelude, the helpers of every algorithm file, then decide.lua or
+-- refund.lua with each algorithm's check, commit and refund sections
+-- inlined into one if/elseif chain on the zone's algorithm. Inlining keeps
+-- the work each call does to the request itself: a script's body runs in
+-- full on every EVALSHA, so functions and tables built at its top level
+-- would be built again for every decision.
 --
 -- Numbers stay integers well below 2^53, so that Lua's doubles compute
 -- exactly what the Go limiter computes (limiter/*.go).
 
-local ALG = {}
-
 -- The clock: Redis TIME (always, in production), or a fixed time in
 -- microseconds that tests pass as ARGV[1].
-local function clock()
-  if ARGV[1] == '0' then
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-  return tonumber(ARGV[1])
-end
-
--- A bucket's state is one integer in a string: a time in microseconds x
--- 1000 plus a remainder (token and leaky bucket), or packed window counters.
-local function get_int(key)
-  local v = redis.call('GET', key)
-  if not v then return nil end
-  return v
+local now
+if ARGV[1] == '0' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
 end
 
 local function ceil_div(a, b)

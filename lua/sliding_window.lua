@@ -5,31 +5,22 @@
 -- fixed_window.lua, with both counters. See limiter/windows.go.
 --
 -- Parameters: p1 window (us), p2 limit.
--- Reply: flag, previous window's count, current window's count, microseconds
--- into the current window.
+-- Reports: flag, previous window's count, current window's count,
+-- microseconds into the current window.
 
-ALG[1] = {
-  check = function(key, p, cost, now)
-    local window, limit = p[1], p[2]
-    local prev, curr, elapsed = win_unpack(key, window, now)
-    if cost > limit then return {2, prev, curr, elapsed} end
-    local wms = math.floor(window / 1000)
-    local ems = math.floor(elapsed / 1000)
-    if prev * (wms - ems) + (curr + cost) * wms <= limit * wms then
-      return {1, prev, curr, elapsed}
-    end
-    return {0, prev, curr, elapsed}
-  end,
-  commit = function(key, p, cost, now, v)
-    local window = p[1]
-    local w = math.floor(now / window)
-    redis.call('SET', key, win_pack(w, v[2], v[3] + cost), 'PX', ceil_div(2 * window - v[4], 1000))
-  end,
-  refund = function(key, p, cost, now)
-    local window = p[1]
-    local prev, curr, elapsed, w = win_unpack(key, window, now)
-    if curr > 0 then
-      redis.call('SET', key, win_pack(w, prev, math.max(0, curr - cost)), 'PX', ceil_div(2 * window - elapsed, 1000))
-    end
-  end,
-}
+--@check
+r1, r2, r3 = win_unpack(key, p1)
+if cost > p2 then
+  flag = 2
+else
+  local wms = math.floor(p1 / 1000)
+  local ems = math.floor(r3 / 1000)
+  if r1 * (wms - ems) + (r2 + cost) * wms <= p2 * wms then flag = 1 else flag = 0 end
+end
+
+--@commit
+win_write(key, math.floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
+
+--@refund
+local prev, curr, elapsed, w = win_unpack(key, p1)
+if curr > 0 then win_write(key, w, prev, math.max(0, curr - cost), 2 * p1 - elapsed) end

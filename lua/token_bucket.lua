@@ -4,12 +4,13 @@
 -- plus the sub-microsecond ticks. A missing key is a full bucket; each key
 -- expires when its bucket is full again. See limiter/tokenbucket.go.
 --
--- Parameters: p1 denom, p2 interval, p3 burst (p4 max delay: leaky bucket).
--- Reply: flag, debt before the request (ticks), debt after it, 0.
+-- Parameters: p1 denom, p2 interval, p3 burst.
+-- Reports: flag, debt before the request (ticks), debt after it, 0.
 
--- debt returns the ticks the bucket owes at now, at most its capacity.
-local function tb_debt(key, denom, cap, now)
-  local v = get_int(key)
+--@helpers
+-- tb_debt returns the ticks the bucket owes at now, at most its capacity.
+local function tb_debt(key, denom, cap)
+  local v = redis.call('GET', key)
   if not v then return 0 end
   local us = tonumber(string.sub(v, 1, -4)) or 0
   local ticks = tonumber(string.sub(v, -3)) or 0
@@ -23,7 +24,7 @@ local function tb_debt(key, denom, cap, now)
 end
 
 -- tb_write stores a debt of ticks at now, expiring when the bucket is full.
-local function tb_write(key, denom, debt, now)
+local function tb_write(key, denom, debt)
   if debt <= 0 then
     redis.call('DEL', key)
     return
@@ -32,22 +33,18 @@ local function tb_write(key, denom, debt, now)
   redis.call('SET', key, state, 'PX', ceil_div(debt, denom * 1000))
 end
 
-ALG[0] = {
-  check = function(key, p, cost, now)
-    local denom, interval, burst = p[1], p[2], p[3]
-    local cap = burst * interval
-    local debt = tb_debt(key, denom, cap, now)
-    if cost > burst then return {2, debt, debt, 0} end
-    local after = debt + cost * interval
-    if after <= cap then return {1, debt, after, 0} end
-    return {0, debt, after, 0}
-  end,
-  commit = function(key, p, cost, now, v)
-    tb_write(key, p[1], v[3], now)
-  end,
-  refund = function(key, p, cost, now)
-    local denom, interval, burst = p[1], p[2], p[3]
-    local debt = tb_debt(key, denom, burst * interval, now)
-    tb_write(key, denom, debt - cost * interval, now)
-  end,
-}
+--@check
+local cap = p3 * p2
+r1 = tb_debt(key, p1, cap)
+if cost > p3 then
+  flag, r2 = 2, r1
+else
+  r2 = r1 + cost * p2
+  if r2 <= cap then flag = 1 else flag = 0 end
+end
+
+--@commit
+tb_write(key, p1, r2)
+
+--@refund
+tb_write(key, p1, tb_debt(key, p1, p3 * p2) - cost * p2)

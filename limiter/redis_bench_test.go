@@ -1,0 +1,72 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// BenchmarkRedisDecide measures a decision through the pipelined Redis
+// store from many goroutines at once (as Caddy's connections do): the
+// client-side cost per decision, its allocations, and the round trips that
+// concurrent decisions share (reported as decisions per round trip).
+func BenchmarkRedisDecide(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, keys := range []int{1, 100_000} {
+		b.Run(strconv.Itoa(keys)+" keys", func(b *testing.B) {
+			rs := newRedisStore(b, RedisOptions{Address: srv.Addr, Timeout: time.Second})
+			r := mustRule(b, "bench", 1<<40, time.Second, 0)
+			srv.MustDo("CONFIG", "RESETSTAT")
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(25) // 50 goroutines on 2 CPUs
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := []Request{{Rule: r, Cost: 1}}
+				res := make([]Result, 1)
+				for pb.Next() {
+					i := n.Add(1)
+					reqs[0].Key = "k" + strconv.FormatInt(i%int64(keys), 10)
+					if ok, err := rs.Decide(context.Background(), reqs, res); err != nil || !ok {
+						b.Fatal(ok, err)
+					}
+				}
+			})
+			b.StopTimer()
+			reads := infoField(srv.MustDo("INFO", "stats"), "total_reads_processed")
+			if reads > 0 {
+				b.ReportMetric(float64(n.Load())/float64(reads), "decisions/roundtrip")
+			}
+		})
+	}
+}
+
+func infoField(info, name string) int64 {
+	for _, line := range splitLines(info) {
+		if len(line) > len(name)+1 && line[:len(name)+1] == name+":" {
+			v, _ := strconv.ParseInt(line[len(name)+1:], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			line := s[start:i]
+			if len(line) > 0 && line[len(line)-1] == '\r' {
+				line = line[:len(line)-1]
+			}
+			out = append(out, line)
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}
