@@ -201,8 +201,8 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 		t.Error(err)
 	}
 	s := rep.Targets[targets[0]]
-	t.Logf("%d rounds of reloads of %d nodes under load: %d requests, %d admitted, errors %v; redis clients after each round: %v\n%s",
-		rounds, len(nodes), s.Requests, s.Admitted, s.ErrorKinds, clients, rep.Table())
+	t.Logf("%d rounds of reloads of %d nodes under load: %d requests, %d admitted, %d retried on a fresh connection after the node closed an idle one, errors %v; redis clients after each round: %v\n%s",
+		rounds, len(nodes), s.Requests, s.Admitted, s.Retried, s.ErrorKinds, clients, rep.Table())
 	if rounds != 10 {
 		t.Errorf("only %d rounds of reloads happened", rounds)
 	}

@@ -63,6 +63,9 @@ type TargetStats struct {
 	// FailedOpen counts requests that passed because the store failed
 	// (200 without rate limit fields); they are not in Admitted.
 	FailedOpen int64
+	// Retried counts requests sent again because the node reset an idle
+	// keep-alive connection as they went out.
+	Retried int64
 	// Errors counts anything but 200 and 429, and transport errors.
 	Errors     int64
 	ErrorKinds map[string]int64
@@ -126,6 +129,15 @@ func Run(ctx context.Context, l Load) *Report {
 				}
 				sent := time.Now()
 				status, limited, body, err := send(cl, node.URL+t.Path, t.Headers)
+				if err != nil && closedIdle(err) {
+					// The node closed this keep-alive connection just as
+					// the request went out (a reload shuts the old server's
+					// idle connections, and a request already in flight on
+					// one is reset unread). Like browsers, retry a GET once
+					// on a fresh connection, and count it.
+					s.Retried++
+					status, limited, body, err = send(cl, node.URL+t.Path, t.Headers)
+				}
 				if ctx.Err() != nil && err != nil {
 					break // the run ended while this request was in flight
 				}
@@ -237,6 +249,7 @@ func (m *TargetStats) merge(s *TargetStats) {
 	m.Tokens += s.Tokens
 	m.Errors += s.Errors
 	m.FailedOpen += s.FailedOpen
+	m.Retried += s.Retried
 	for k, v := range s.DeniedBy {
 		m.DeniedBy[k] += v
 	}
@@ -258,6 +271,13 @@ func (m *TargetStats) merge(s *TargetStats) {
 	if s.LastSent.After(m.LastSent) {
 		m.LastSent = s.LastSent
 	}
+}
+
+// closedIdle reports an error of a request written to a keep-alive
+// connection that the server was closing: reset, or closed, unread.
+func closedIdle(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "connection reset by peer") || strings.HasSuffix(msg, ": EOF")
 }
 
 // send sends one request and returns its status, whether the response
@@ -340,7 +360,7 @@ func (r *Report) Table() string {
 // DeniedTable renders, per target, how many requests each zone denied.
 func (r *Report) DeniedTable(targets []*Target) string {
 	var b strings.Builder
-	b.WriteString("| target | requests | admitted | denied by zone | failed open | errors |\n|---|---:|---:|---|---:|---:|\n")
+	b.WriteString("| target | requests | admitted | denied by zone | failed open | retried | errors |\n|---|---:|---:|---|---:|---:|---:|\n")
 	for _, t := range targets {
 		s := r.Targets[t]
 		if s == nil {
@@ -351,7 +371,7 @@ func (r *Report) DeniedTable(targets []*Target) string {
 			zones = append(zones, fmt.Sprintf("%s: %d", z, n))
 		}
 		sort.Strings(zones)
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d |\n", t.Name, s.Requests, s.Admitted, strings.Join(zones, ", "), s.FailedOpen, s.Errors)
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %d |\n", t.Name, s.Requests, s.Admitted, strings.Join(zones, ", "), s.FailedOpen, s.Retried, s.Errors)
 	}
 	return b.String()
 }
