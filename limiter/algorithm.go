@@ -220,6 +220,16 @@ func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
 	return 0, 0, elapsed
 }
 
+// scriptArgs returns the rule's algorithm and four parameters as the
+// Redis scripts take them, boxed once (a request adds its cost).
+func (r *Rule) scriptArgs() []any {
+	r.argsOnce.Do(func() {
+		p := r.scriptParams()
+		r.args = []any{int64(r.Algorithm), p[0], p[1], p[2], p[3]}
+	})
+	return r.args
+}
+
 // scriptParams returns the rule's four parameters for the Redis scripts.
 func (r *Rule) scriptParams() [4]int64 {
 	switch r.Algorithm {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -106,6 +107,8 @@ type RedisStore struct {
 	script  *redis.Script
 	refund  *redis.Script
 	breaker *Breaker
+	// errTimeout is the error of a decision that ran out of time.
+	errTimeout error
 
 	queue  chan *call
 	stop   chan struct{}
@@ -121,6 +124,35 @@ type call struct {
 	reply  []any
 	err    error
 	done   chan struct{}
+
+	// For calls from the pool (see decideOne): who is done with it last
+	// returns it. 0 pending, 1 delivered to a waiting caller, 2 abandoned
+	// by a caller that gave up (the worker then returns it).
+	state  atomic.Uint32
+	pooled bool
+	timer  *time.Timer
+}
+
+// callPool recycles the calls of single-call decisions, with their
+// channel, timer and slices.
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1), pooled: true} }}
+
+// deliver hands a finished call back to its caller, or to the pool if the
+// caller gave up on it.
+func (c *call) deliver() {
+	if !c.pooled || c.state.CompareAndSwap(0, 1) {
+		c.done <- struct{}{}
+		return
+	}
+	putCall(c)
+}
+
+func putCall(c *call) {
+	clear(c.keys)
+	clear(c.args)
+	c.keys, c.args, c.reply, c.err, c.script = c.keys[:0], c.args[:0], nil, nil, nil
+	c.state.Store(0)
+	callPool.Put(c)
 }
 
 // NewRedisStore connects lazily to Redis and starts the pipeline workers;
@@ -188,17 +220,18 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		PipelinePoolSize: opt.PoolSize,
 	})
 	s := &RedisStore{
-		client:  client,
-		prefix:  opt.KeyPrefix,
-		timeout: opt.Timeout,
-		clock:   opt.Clock,
-		cluster: cluster,
-		script:  redis.NewScript(lua.Decide),
-		refund:  redis.NewScript(lua.Refund),
-		breaker: NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
-		queue:   make(chan *call, 4096),
-		warmed:  make(chan struct{}),
-		stop:    make(chan struct{}),
+		client:     client,
+		prefix:     opt.KeyPrefix,
+		timeout:    opt.Timeout,
+		clock:      opt.Clock,
+		cluster:    cluster,
+		script:     redis.NewScript(lua.Decide),
+		refund:     redis.NewScript(lua.Refund),
+		breaker:    NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
+		errTimeout: fmt.Errorf("%w (%s)", ErrStoreTimeout, opt.Timeout),
+		queue:      make(chan *call, 4096),
+		warmed:     make(chan struct{}),
+		stop:       make(chan struct{}),
 	}
 	for range opt.Pipelines {
 		s.wg.Add(1)
@@ -262,16 +295,56 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 }
 
 func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	if !s.cluster || len(reqs) == 1 {
+		return s.decideOne(ctx, reqs, results)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if !s.cluster || len(reqs) == 1 {
-		c := s.newCall(s.script, reqs, nil)
-		if err := s.send(ctx, c); err != nil {
-			return false, err
-		}
-		return decodeReply(c.reply, reqs, results)
-	}
 	return s.decideBySlot(ctx, reqs, results)
+}
+
+// decideOne decides a request in one script call: the common path, so it
+// recycles its call (channel, timer, slices) and bounds the wait with the
+// call's own timer rather than a new context per decision.
+func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	c := callPool.Get().(*call)
+	s.fill(c, s.script, reqs, nil)
+	if c.timer == nil {
+		c.timer = time.NewTimer(s.timeout)
+	} else {
+		c.timer.Reset(s.timeout)
+	}
+	select {
+	case s.queue <- c:
+	case <-c.timer.C:
+		putCall(c)
+		return false, s.errTimeout
+	case <-ctx.Done():
+		c.timer.Stop()
+		putCall(c)
+		return false, ctx.Err()
+	}
+	var gaveUp error
+	select {
+	case <-c.done:
+		c.timer.Stop()
+	case <-c.timer.C:
+		gaveUp = s.errTimeout
+	case <-ctx.Done():
+		c.timer.Stop()
+		gaveUp = ctx.Err()
+	}
+	if gaveUp != nil {
+		if c.state.CompareAndSwap(0, 2) {
+			return false, gaveUp // the worker returns the call to the pool
+		}
+		<-c.done // delivered as we gave up: use it
+	}
+	defer putCall(c)
+	if c.err != nil {
+		return false, c.err
+	}
+	return decodeReply(c.reply, reqs, results)
 }
 
 // decideBySlot decides a request whose zones' buckets may sit on several
@@ -383,25 +456,25 @@ func subset(reqs []Request, idx []int) []Request {
 // reqs (all zones when idx is nil): per zone the algorithm, its four
 // parameters and the cost.
 func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *call {
-	n := len(reqs)
-	if idx != nil {
-		n = len(idx)
-	}
-	c := &call{
-		script: script,
-		keys:   make([]string, 0, n),
-		args:   make([]any, 1, 1+6*n),
-		done:   make(chan struct{}, 1),
-	}
-	c.args[0] = "0"
+	c := &call{done: make(chan struct{}, 1)}
+	s.fill(c, script, reqs, idx)
+	return c
+}
+
+// fill sets a call's script, keys and arguments.
+func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int) {
+	c.script = script
 	if s.clock != nil {
-		c.args[0] = strconv.FormatInt(s.clock(), 10)
+		c.args = append(c.args[:0], strconv.FormatInt(s.clock(), 10))
+	} else {
+		c.args = append(c.args[:0], "0")
 	}
+	c.keys = c.keys[:0]
 	add := func(q *Request) {
 		r := q.Rule
 		c.keys = append(c.keys, s.Key(r.Name, q.Key))
-		p := r.scriptParams()
-		c.args = append(c.args, int64(r.Algorithm), p[0], p[1], p[2], p[3], q.Cost)
+		c.args = append(c.args, r.scriptArgs()...)
+		c.args = append(c.args, q.Cost)
 	}
 	if idx == nil {
 		for i := range reqs {
@@ -412,7 +485,6 @@ func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *c
 			add(&reqs[i])
 		}
 	}
-	return c
 }
 
 // send queues one call for the pipeline workers and waits for its reply.
@@ -556,7 +628,7 @@ func (s *RedisStore) run(batch []*call) {
 		if c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
-		c.done <- struct{}{}
+		c.deliver()
 	}
 }
 

@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -63,6 +64,9 @@ type Rule struct {
 	OnError Policy
 	// Local is the rule of this node's fallback bucket under PolicyLocal.
 	Local *Rule
+
+	argsOnce sync.Once
+	args     []any // scriptArgs
 }
 
 // Sentinel errors returned by NewRule.
