@@ -67,9 +67,13 @@ func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result
 	if m == headersNone {
 		return
 	}
-	var buf [256]byte
+	// One array holds every value, and numbers below 100 come from
+	// strconv's table: a response's fields cost two or three allocations.
+	vals := make([]string, 5)
 	if m == headersBoth || m == headersIETF {
-		h[hdrPolicy] = []string{policy}
+		vals[0] = policy
+		h[hdrPolicy] = vals[0:1:1]
+		var buf [256]byte
 		b := buf[:0]
 		for i, z := range zones {
 			if i > 0 {
@@ -82,7 +86,8 @@ func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, retryAfterSeconds(results[i].ResetAfter), 10)
 		}
-		h[hdrRateLimit] = []string{string(b)}
+		vals[1] = string(b)
+		h[hdrRateLimit] = vals[1:2:2]
 	}
 	if m == headersBoth || m == headersLegacy {
 		least := 0
@@ -91,8 +96,11 @@ func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result
 				least = i
 			}
 		}
-		h[hdrLegacyLimit] = []string{strconv.FormatInt(zones[least].rule.Rate, 10)}
-		h[hdrLegacyRemaining] = []string{strconv.FormatInt(results[least].Remaining, 10)}
-		h[hdrLegacyReset] = []string{strconv.FormatInt(retryAfterSeconds(results[least].ResetAfter), 10)}
+		vals[2] = zones[least].rateText
+		vals[3] = strconv.FormatInt(results[least].Remaining, 10)
+		vals[4] = strconv.FormatInt(retryAfterSeconds(results[least].ResetAfter), 10)
+		h[hdrLegacyLimit] = vals[2:3:3]
+		h[hdrLegacyRemaining] = vals[3:4:4]
+		h[hdrLegacyReset] = vals[4:5:5]
 	}
 }

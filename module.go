@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -268,6 +269,7 @@ type Zone struct {
 	cost       int64  // the static cost, when costExpr is empty
 	costExpr   string // placeholder expression of a dynamic cost
 	policy     string // this zone's RateLimit-Policy list member
+	rateText   string // the zone's rate, for X-RateLimit-Limit
 	errDenied  error
 	errNever   error
 	errBadCost error
@@ -419,6 +421,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		}
 	}
 
+	z.rateText = strconv.FormatInt(rule.Rate, 10)
 	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate, 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
 	z.errDenied = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
@@ -488,20 +491,39 @@ func (h *Handler) Cleanup() error {
 // allocating its scratch space.
 const maxInlineZones = 8
 
-// ServeHTTP decides the request against every zone that applies to it.
+// scratch is the space one request's decision works in, recycled so that
+// a decision allocates nothing for it.
+type scratch struct {
+	reqs    [maxInlineZones]limiter.Request
+	results [maxInlineZones]limiter.Result
+	zones   [maxInlineZones]*Zone
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// ServeHTTP decides the request against every zone that applies to it, and
+// passes it on when every zone admits it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	sc := scratchPool.Get().(*scratch)
+	pass, err := h.limit(w, r, sc)
+	*sc = scratch{} // drop the keys and zones it refers to
+	scratchPool.Put(sc)
+	if !pass {
+		return err
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// limit decides a request, writes the rate limit fields, and reports
+// whether it may pass, or the error that answers it.
+func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	var (
-		reqBuf  [maxInlineZones]limiter.Request
-		resBuf  [maxInlineZones]limiter.Result
-		zoneBuf [maxInlineZones]*Zone
-	)
-	reqs, zones := reqBuf[:0], zoneBuf[:0]
+	reqs, zones := sc.reqs[:0], sc.zones[:0]
 	for _, z := range h.Zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return caddyhttp.Error(http.StatusInternalServerError, err)
+				return false, caddyhttp.Error(http.StatusInternalServerError, err)
 			}
 			if !ok {
 				continue
@@ -509,15 +531,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		cost, ok := z.costOf(repl)
 		if !ok {
-			return caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
+			return false, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
 		}
 		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(repl), Cost: cost})
 		zones = append(zones, z)
 	}
 	if len(reqs) == 0 {
-		return next.ServeHTTP(w, r)
+		return true, nil
 	}
-	results := resBuf[:]
+	results := sc.results[:]
 	if len(reqs) > len(results) {
 		results = make([]limiter.Result, len(reqs))
 	}
@@ -527,9 +549,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.observe(repl, outcome, reqs, zones, results)
 	switch outcome {
 	case limiter.FailedOpen:
-		return next.ServeHTTP(w, r)
+		return true, nil
 	case limiter.FailedClosed:
-		return h.unavailable(w, results)
+		return false, h.unavailable(w, results)
 	}
 	// The policy names every zone that applies; the current state only
 	// the zones that were consulted.
@@ -541,11 +563,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.headers.write(w.Header(), zones, results, policy)
 	if outcome == limiter.Admitted || outcome == limiter.LocalAdmitted {
 		if err := h.wait(w, r, zones, results); err != nil {
-			return err
+			return false, err
 		}
-		return next.ServeHTTP(w, r)
+		return true, nil
 	}
-	return h.deny(w, repl, reqs, zones, results)
+	return false, h.deny(w, repl, reqs, zones, results)
 }
 
 // errUnavailable is the error of a request rejected because the store

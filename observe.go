@@ -31,7 +31,7 @@ type handlerObs struct {
 type zoneObs struct {
 	remainingKey string // the placeholder http.rate_limit.<zone>.remaining
 	limitKey     string // the placeholder http.rate_limit.<zone>.limit
-	limit        string // the zone's rate, as the limit placeholder's value
+	limit        any    // the zone's rate, as the limit placeholder's value (boxed once)
 	stats        *zoneStats
 }
 
