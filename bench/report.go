@@ -1,0 +1,542 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+type report struct {
+	Machine  machine
+	Pinning  string
+	Args     string
+	Rounds   int
+	Duration time.Duration
+	Warmup   time.Duration
+	Threads  int
+	// MaxForeign and Retries are the disturbance threshold and repeats.
+	MaxForeign float64
+	Retries    int
+	Configs    []config
+	Samples    map[string][]*sample
+	Profiles   []*profileResult
+}
+
+// column is one figure of the median table: get returns it for one run,
+// false when the run has none.
+type column struct {
+	head   string
+	get    func(c config, s *sample) (float64, bool)
+	format string
+}
+
+func perRequest(s *sample, v float64) float64 { return v / float64(max(s.Wrk.Requests, 1)) }
+
+var columns = []column{
+	{"req/s", func(_ config, s *sample) (float64, bool) { return s.Wrk.RPS(), true }, "%.0f"},
+	{"x plain", func(c config, s *sample) (float64, bool) { return s.Ratio, c.Store != "plain" && s.Ratio > 0 }, "%.3f"},
+	{"x plain (CPU)", func(c config, s *sample) (float64, bool) { return s.CPURatio, c.Store != "plain" && s.CPURatio > 0 }, "%.3f"},
+	{"p50 ms", func(_ config, s *sample) (float64, bool) { return ms(s.Wrk.P50), true }, "%.3f"},
+	{"p99 ms", func(_ config, s *sample) (float64, bool) { return ms(s.Wrk.P99), true }, "%.3f"},
+	{"p99.9 ms", func(_ config, s *sample) (float64, bool) { return ms(s.Wrk.P999), true }, "%.3f"},
+	{"p99 added ms", func(c config, s *sample) (float64, bool) { return ms(s.P99Added), c.Store != "plain" && s.Ratio > 0 }, "%+.3f"},
+	{"non-2xx %", func(_ config, s *sample) (float64, bool) { return pct(s.Wrk.Status, s.Wrk.Requests), true }, "%.1f"},
+	{"Caddy CPU us/req", func(_ config, s *sample) (float64, bool) { return perRequest(s, us(s.CaddyCPU)), true }, "%.1f"},
+	{"Caddy peak RSS MiB", func(_ config, s *sample) (float64, bool) { return float64(s.RSSKB) / 1024, true }, "%.1f"},
+	{"Redis us/decision", func(_ config, s *sample) (float64, bool) {
+		if s.Redis == nil || s.Redis.Calls == 0 {
+			return 0, false
+		}
+		return float64(s.Redis.Usec) / float64(s.Redis.Calls), true
+	}, "%.2f"},
+	{"EVALSHA/req", func(_ config, s *sample) (float64, bool) {
+		if s.Redis == nil {
+			return 0, false
+		}
+		return perRequest(s, float64(s.Redis.Calls)), true
+	}, "%.3f"},
+	{"round trips/req", func(_ config, s *sample) (float64, bool) {
+		if s.Redis == nil {
+			return 0, false
+		}
+		return perRequest(s, float64(s.Redis.Reads)), true
+	}, "%.3f"},
+	{"Redis CPU us/req", func(_ config, s *sample) (float64, bool) {
+		if s.Redis == nil {
+			return 0, false
+		}
+		return perRequest(s, s.Redis.CPU*1e6), true
+	}, "%.1f"},
+}
+
+// memColumns are the Redis memory figures of the runs with many keys.
+var memColumns = []column{
+	{"buckets (DBSIZE)", func(_ config, s *sample) (float64, bool) { return float64(s.Redis.DBSize), true }, "%.0f"},
+	{"used_memory delta B", func(_ config, s *sample) (float64, bool) { return float64(s.Redis.MemDelta), true }, "%.0f"},
+	{"bytes/bucket (delta/DBSIZE)", func(_ config, s *sample) (float64, bool) {
+		return float64(s.Redis.MemDelta) / float64(s.Redis.DBSize), true
+	}, "%.1f"},
+	{"MEMORY USAGE of one bucket", func(_ config, s *sample) (float64, bool) {
+		return float64(s.Redis.KeyUsage), s.Redis.KeyUsage > 0
+	}, "%.0f"},
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// med returns the median of a column over a configuration's rounds.
+func (r *report) med(c config, col column) (float64, bool) {
+	var v []float64
+	for _, s := range r.Samples[c.Name()] {
+		if x, ok := col.get(c, s); ok && !math.IsNaN(x) && !math.IsInf(x, 0) {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return 0, false
+	}
+	return median(v), true
+}
+
+func (r *report) cell(c config, col column) string {
+	v, ok := r.med(c, col)
+	if !ok {
+		return "—"
+	}
+	return fmt.Sprintf(col.format, v)
+}
+
+func (r *report) find(store, scenarioID string) (config, bool) {
+	for _, c := range r.Configs {
+		if c.Store == store && c.Sc.ID == scenarioID {
+			return c, true
+		}
+	}
+	return config{}, false
+}
+
+func (r *report) medianTable() string {
+	var b strings.Builder
+	b.WriteString("| configuration | conns |")
+	for _, col := range columns {
+		b.WriteString(" " + col.head + " |")
+	}
+	b.WriteString("\n|---|---:|")
+	for range columns {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, c := range r.Configs {
+		fmt.Fprintf(&b, "| %s | %d |", c.Name(), c.Sc.Conns)
+		for _, col := range columns {
+			b.WriteString(" " + r.cell(c, col) + " |")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func (r *report) memoryTable() string {
+	var b strings.Builder
+	b.WriteString("| configuration |")
+	for _, col := range memColumns {
+		b.WriteString(" " + col.head + " |")
+	}
+	b.WriteString("\n|---|")
+	for range memColumns {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, c := range r.Configs {
+		if c.Store != "redis" || c.Sc.Keys == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s |", c.Name())
+		for _, col := range memColumns {
+			b.WriteString(" " + r.cell(c, col) + " |")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func (r *report) roundsTable() string {
+	var b strings.Builder
+	b.WriteString("| round | configuration | req/s | x plain | p50 ms | p99 ms | p99.9 ms | non-2xx | socket errors | Caddy CPU us/req | peak RSS MiB | wrk CPU % | Redis CPU % | steal % | foreign % Caddy CPU / load CPU | attempts | store failures |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for round := 1; round <= r.Rounds; round++ {
+		for _, c := range r.Configs {
+			ss := r.Samples[c.Name()]
+			if round > len(ss) {
+				continue
+			}
+			s := ss[round-1]
+			ratio, rcpu := "—", "—"
+			if c.Store != "plain" && s.Ratio > 0 {
+				ratio = fmt.Sprintf("%.3f", s.Ratio)
+			}
+			secs := s.Wrk.Duration.Seconds()
+			if s.Redis != nil && secs > 0 {
+				rcpu = fmt.Sprintf("%.0f", 100*s.Redis.CPU/secs)
+			}
+			wcpu := "—"
+			if secs > 0 {
+				wcpu = fmt.Sprintf("%.0f", 100*s.Wrk.CPU.Seconds()/secs)
+			}
+			fails := "0"
+			if s.FailWarnings > 0 {
+				fails = fmt.Sprintf("%d warnings, total %d", s.FailWarnings, s.FailTotal)
+			}
+			fmt.Fprintf(&b, "| %d | %s | %.0f | %s | %.3f | %.3f | %.3f | %d | %d | %.1f | %.1f | %s | %s | %.1f | %.0f / %.0f | %d | %s |\n",
+				round, c.Name(), s.Wrk.RPS(), ratio, ms(s.Wrk.P50), ms(s.Wrk.P99), ms(s.Wrk.P999),
+				s.Wrk.Status, s.Wrk.SockErrors, perRequest(s, us(s.CaddyCPU)), float64(s.RSSKB)/1024, wcpu, rcpu, s.StealPct,
+				s.ForeignCaddy, s.ForeignLoad, s.Attempts, fails)
+		}
+	}
+	return b.String()
+}
+
+// target is one of the performance issue's goals, checked against the
+// medians.
+type target struct {
+	what  string
+	value string
+	met   bool
+	known bool
+}
+
+func (r *report) targets() []target {
+	var t []target
+	get := func(store, sc string, col column) (float64, bool) {
+		c, ok := r.find(store, sc)
+		if !ok {
+			return 0, false
+		}
+		return r.med(c, col)
+	}
+	col := func(head string) column {
+		for _, c := range append(append([]column(nil), columns...), memColumns...) {
+			if c.head == head {
+				return c
+			}
+		}
+		panic("no column " + head)
+	}
+	check := func(what, store, sc, head string, ok func(float64) bool) {
+		c, present := r.find(store, sc)
+		if !present {
+			return
+		}
+		v, found := get(store, sc, col(head))
+		tg := target{what: what, known: found}
+		if found {
+			tg.value = fmt.Sprintf("%s: "+col(head).format, c.Name(), v)
+			if head == "x plain" {
+				if cr, ok := get(store, sc, col("x plain (CPU)")); ok {
+					tg.value += fmt.Sprintf(" (by Caddy CPU per request: %.3f)", cr)
+				}
+			}
+			tg.met = ok(v)
+		} else {
+			tg.value = "not measured"
+		}
+		t = append(t, tg)
+	}
+	for _, sc := range []string{"hot", "keys"} {
+		check("Redis store >= 0.80x plain", "redis", sc, "x plain", func(v float64) bool { return v >= 0.80 })
+	}
+	for _, sc := range []string{"hot", "keys"} {
+		check("memory store >= 0.95x plain", "memory", sc, "x plain", func(v float64) bool { return v >= 0.95 })
+	}
+	for _, sc := range []string{"hot", "keys", "light"} {
+		for _, st := range []string{"memory", "redis"} {
+			check("p99 added <= 0.3 ms", st, sc, "p99 added ms", func(v float64) bool { return v <= 0.3 })
+		}
+	}
+	for _, sc := range []string{"hot", "keys"} {
+		check("Redis <= 3 us server time per decision", "redis", sc, "Redis us/decision", func(v float64) bool { return v <= 3 })
+	}
+	check("<= 80 bytes per bucket (used_memory delta / DBSIZE)", "redis", "keys", "bytes/bucket (delta/DBSIZE)", func(v float64) bool { return v <= 80 })
+	check("<= 80 bytes per bucket (MEMORY USAGE)", "redis", "keys", "MEMORY USAGE of one bucket", func(v float64) bool { return v <= 80 })
+	for _, sc := range []string{"hot", "keys"} {
+		check("round trips per request well below 1 (< 0.5)", "redis", sc, "round trips/req", func(v float64) bool { return v < 0.5 })
+	}
+	return t
+}
+
+func (r *report) targetsText() string {
+	var b strings.Builder
+	for _, t := range r.targets() {
+		mark := "NOT MET"
+		switch {
+		case !t.known:
+			mark = "n/a"
+		case t.met:
+			mark = "met"
+		}
+		fmt.Fprintf(&b, "- %s — %s — **%s**\n", t.what, t.value, mark)
+	}
+	return b.String()
+}
+
+func (r *report) header() string {
+	m := r.Machine
+	var b strings.Builder
+	fmt.Fprintf(&b, "Command: `go run ./bench %s`\n\n", r.Args)
+	fmt.Fprintf(&b, "Machine: %d CPUs (nproc %s), %s; %s; Linux %s; load average at start %s; %s; %s.\n\n",
+		m.NumCPU, m.Allowed, m.CPUModel, m.GoVersion, m.Kernel, m.LoadAvg, m.Wrk, m.Redis)
+	fmt.Fprintf(&b, "Code: %s.\n\n", m.Code)
+	fmt.Fprintf(&b, "Pinning: %s. Caddy's GOMAXPROCS follows its CPU set.\n\n", r.Pinning)
+	fmt.Fprintf(&b, "Method:\n\n")
+	fmt.Fprintf(&b, "- %d rounds; each round runs every configuration once, in the order of the table, on a fresh Caddy (admin off, "+
+		"its output to a log file) and, for Redis, an emptied database: %s of unmeasured load, then %s measured with `wrk -t %d`. "+
+		"Figures are medians over the rounds.\n", r.Rounds, r.Warmup, r.Duration, r.Threads)
+	fmt.Fprintf(&b, "- \"x plain\" and \"p99 added\" compare each run with the plain Caddy run of the same round and load (the denial "+
+		"runs with plain Caddy on the hot key). \"x plain (CPU)\" is plain Caddy's CPU time per request over the configuration's: "+
+		"the throughput ratio if only Caddy's CPU counted, less sensitive to a noisy neighbour.\n")
+	fmt.Fprintf(&b, "- At %d connections Caddy's CPU is saturated and latency is mostly queueing; the light-load rows (%s) show the "+
+		"latency the handler adds to a request.\n", r.conns(), r.lightLabel())
+	fmt.Fprintf(&b, "- Rules: nothing denied `rate 1000 1h burst 100000000` (every bucket lives for the whole run); most denied "+
+		"`rate 100 1s`. Zone key `{header.X-Key}`; wrk sends `X-Key: hot`, or one of the keys at random.\n")
+	fmt.Fprintf(&b, "- Redis: server time per decision from INFO commandstats `cmdstat_evalsha` (usec / calls) after CONFIG RESETSTAT; "+
+		"round trips from the `total_reads_processed` delta (one read event per pipeline round trip) over requests; CPU from "+
+		"`used_cpu_user` + `used_cpu_sys`; bytes per bucket: `used_memory` from the emptied database to the end of the run "+
+		"(Caddy stopped, so no client buffers) over DBSIZE, and MEMORY USAGE of one bucket.\n")
+	fmt.Fprintf(&b, "- Caddy CPU: utime + stime of the process over the measured requests; peak RSS: VmHWM. Steal: /proc/stat steal "+
+		"time of Caddy's CPU. Foreign: CPU time other processes took on Caddy's CPU and on the load CPU during the run (the "+
+		"CPU's busy time less Caddy's, or less wrk's and Redis'; an estimate within a few percent); a run with more than %.0f%% "+
+		"is run again, up to %d more times, and the least disturbed one is kept.\n\n", r.MaxForeign, r.Retries)
+	return b.String()
+}
+
+// conns is the connections of the main load.
+func (r *report) conns() int {
+	for _, c := range r.Configs {
+		if c.Sc.ID != "light" {
+			return c.Sc.Conns
+		}
+	}
+	return 0
+}
+
+func (r *report) lightLabel() string {
+	for _, c := range r.Configs {
+		if c.Sc.ID == "light" {
+			return c.Sc.Label
+		}
+	}
+	return "none in this run"
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	b.WriteString("# fleetlimit benchmark\n\n")
+	b.WriteString(r.header())
+	b.WriteString("## Medians\n\n")
+	b.WriteString(r.medianTable())
+	b.WriteString("\n## Redis memory (runs with many keys)\n\n")
+	b.WriteString(r.memoryTable())
+	b.WriteString("\n## Targets\n\n")
+	b.WriteString(r.targetsText())
+	b.WriteString("\n![requests per second](chart.svg)\n")
+	b.WriteString("\n## Every run\n\n")
+	b.WriteString(r.roundsTable())
+	for _, p := range r.Profiles {
+		fmt.Fprintf(&b, "\n## CPU profile of Caddy, %s (%.0f req/s while profiled)\n\n`go tool pprof -top %s`\n\n```\n%s```\n",
+			p.Config, p.RPS, p.Path, p.Top)
+	}
+	return b.String()
+}
+
+// summary is what the command prints at the end.
+func (r *report) summary() string {
+	var b strings.Builder
+	b.WriteString("\n")
+	b.WriteString(r.header())
+	b.WriteString(r.medianTable())
+	b.WriteString("\nRedis memory (runs with many keys):\n\n")
+	b.WriteString(r.memoryTable())
+	b.WriteString("\nTargets:\n\n")
+	b.WriteString(r.targetsText())
+	for _, p := range r.Profiles {
+		lines := strings.Split(p.Top, "\n")
+		if len(lines) > 30 {
+			lines = lines[:30]
+		}
+		fmt.Fprintf(&b, "\nCPU profile of Caddy, %s (%.0f req/s while profiled): %s, top in %s\n\n%s\n",
+			p.Config, p.RPS, p.Path, p.TopPath, strings.Join(lines, "\n"))
+	}
+	return b.String()
+}
+
+func (r *report) writeJSON(path string) error {
+	type run struct {
+		Config   string
+		Store    string
+		Scenario string
+		Conns    int
+		Samples  []*sample
+	}
+	out := struct {
+		Machine machine
+		Pinning string
+		Args    string
+		Runs    []run
+	}{Machine: r.Machine, Pinning: r.Pinning, Args: r.Args}
+	for _, c := range r.Configs {
+		out.Runs = append(out.Runs, run{Config: c.Name(), Store: c.Store, Scenario: c.Sc.ID, Conns: c.Sc.Conns, Samples: r.Samples[c.Name()]})
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// svg draws grouped bars: requests per second per configuration, one group
+// per load, plain Caddy first in each group as the reference, with the ratio
+// to it above every bar.
+func (r *report) svg() string {
+	type bar struct {
+		label string
+		rps   float64
+		ratio string
+		color string
+	}
+	type group struct {
+		label, sub string
+		bars       []bar
+	}
+	colors := map[string]string{"plain": "#9e9e9e", "memory": "#4c78a8", "redis": "#e45756"}
+	rpsCol := columns[0]
+	var groups []group
+	seen := map[string]bool{}
+	for _, c := range r.Configs {
+		if seen[c.Sc.ID] {
+			continue
+		}
+		seen[c.Sc.ID] = true
+		conns := fmt.Sprintf("%d connections", c.Sc.Conns)
+		if c.Sc.Conns == 1 {
+			conns = "1 connection"
+		}
+		g := group{label: strings.TrimSuffix(c.Sc.Label, fmt.Sprintf(", %d conn", c.Sc.Conns)), sub: conns}
+		if ref, ok := r.find("plain", c.Sc.Ref); ok {
+			v, _ := r.med(ref, rpsCol)
+			label := "plain"
+			if c.Sc.Ref != c.Sc.ID {
+				label = "plain (" + ref.Sc.Label + ")"
+			}
+			g.bars = append(g.bars, bar{label: label, rps: v, ratio: "1.00x", color: colors["plain"]})
+		}
+		for _, st := range []string{"memory", "redis"} {
+			if cc, ok := r.find(st, c.Sc.ID); ok {
+				v, _ := r.med(cc, rpsCol)
+				ratio := ""
+				if x, ok := r.med(cc, columns[1]); ok {
+					ratio = fmt.Sprintf("%.2fx", x)
+				}
+				g.bars = append(g.bars, bar{label: st, rps: v, ratio: ratio, color: colors[st]})
+			}
+		}
+		groups = append(groups, g)
+	}
+	maxRPS := 1.0
+	for _, g := range groups {
+		for _, b := range g.bars {
+			maxRPS = max(maxRPS, b.rps)
+		}
+	}
+	step := niceStep(maxRPS / 5)
+	top := math.Ceil(maxRPS/step) * step
+
+	const (
+		left, right, topM, bottom = 70.0, 20.0, 60.0, 85.0
+		barW, barGap, groupGap    = 50.0, 6.0, 50.0
+		plotH                     = 320.0
+	)
+	width := left + right
+	for _, g := range groups {
+		width += float64(len(g.bars))*(barW+barGap) + groupGap
+	}
+	width = max(width, 720)
+	height := topM + plotH + bottom
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="15" font-weight="bold">rate_limit: requests per second</text>`+"\n", left)
+	fmt.Fprintf(&b, `<text x="%.0f" y="38" fill="#333">median of %d rounds; above each bar the median ratio to plain Caddy in the same round</text>`+"\n", left, r.Rounds)
+	y := func(v float64) float64 { return topM + plotH - plotH*v/top }
+	for v := 0.0; v <= top+step/2; v += step {
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, width-right, y(v), y(v))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end" fill="#555">%s</text>`+"\n", left-6, y(v)+4, kilo(v))
+	}
+	x := left + groupGap/2
+	for _, g := range groups {
+		gx := x
+		for _, bb := range g.bars {
+			h := plotH * bb.rps / top
+			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="%s"><title>%s: %.0f req/s</title></rect>`+"\n", x, y(bb.rps), barW, h, bb.color, bb.label, bb.rps)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11">%s</text>`+"\n", x+barW/2, y(bb.rps)-16, kilo(bb.rps))
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" font-weight="bold">%s</text>`+"\n", x+barW/2, y(bb.rps)-4, bb.ratio)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#333">%s</text>`+"\n", x+barW/2, topM+plotH+14, shortLabel(bb.label))
+			x += barW + barGap
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-weight="bold">%s</text>`+"\n", (gx+x-barGap)/2, topM+plotH+32, g.label)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#333">%s</text>`+"\n", (gx+x-barGap)/2, topM+plotH+47, g.sub)
+		x += groupGap
+	}
+	lx := left
+	for _, st := range []string{"plain", "memory", "redis"} {
+		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="12" height="12" fill="%s"/><text x="%.0f" y="%.0f">%s</text>`+"\n", lx, height-22, colors[st], lx+16, height-12, st)
+		lx += 90
+	}
+	for _, g := range groups {
+		if len(g.bars) > 0 && strings.HasPrefix(g.bars[0].label, "plain (") {
+			fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="#333">plain* = %s, the reference of that group</text>`+"\n", lx, height-12, g.bars[0].label)
+			break
+		}
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+func shortLabel(s string) string {
+	if strings.HasPrefix(s, "plain (") {
+		return "plain*"
+	}
+	return s
+}
+
+func niceStep(x float64) float64 {
+	if x <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(x)))
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if m*p >= x {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+func kilo(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.1fk", v/1000)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
