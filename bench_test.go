@@ -176,14 +176,14 @@ func BenchmarkKeyOf(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			h := benchHandler(b, `{"zones":[`+zoneJSON("api", c.expr, 10, time.Second, 10)+`]}`)
-			_, repl := benchRequest(c.header)
+			r, repl := benchRequest(c.header)
 			z := h.Zones[0]
-			if z.keyOf(repl) == "" {
+			if z.keyOf(r, repl) == "" {
 				b.Fatal("empty key")
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = z.keyOf(repl)
+				_ = z.keyOf(r, repl)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"regexp"
@@ -533,7 +534,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		if !ok {
 			return false, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
 		}
-		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(repl), Cost: cost})
+		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(r, repl), Cost: cost})
 		zones = append(zones, z)
 	}
 	if len(reqs) == 0 {
@@ -614,10 +615,35 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limit
 	}
 	repl.Set(exceededPlaceholder, first.Name)
 	if never {
-		return caddyhttp.Error(http.StatusTooManyRequests, first.errNever)
+		return denial(first.errNever)
 	}
 	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(h.jitter(retry)), 10)}
-	return caddyhttp.Error(http.StatusTooManyRequests, first.errDenied)
+	return denial(first.errDenied)
+}
+
+// denial returns the 429 handler error of a denied request. It is what
+// caddyhttp.Error builds, less the stack walk for its trace: a flood is
+// mostly denials, so they should cost little.
+func denial(err error) error {
+	return caddyhttp.HandlerError{
+		ID:         errorID(),
+		StatusCode: http.StatusTooManyRequests,
+		Err:        err,
+		Trace:      "caddy-fleetlimit.(*Handler).deny",
+	}
+}
+
+// errorID returns 9 random characters identifying an error in logs, as
+// caddyhttp.Error's IDs do.
+func errorID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [9]byte
+	n := rand.Uint64()
+	for i := range b {
+		b[i] = alphabet[n%36]
+		n /= 36
+	}
+	return string(b[:])
 }
 
 // known drops, in place, the zones that a cached denial left unconsulted.
@@ -646,9 +672,9 @@ func (h *Handler) keyField(key string) zap.Field {
 }
 
 // keyOf returns the zone's bounded client key for a request.
-func (z *Zone) keyOf(repl *caddy.Replacer) string {
+func (z *Zone) keyOf(r *http.Request, repl *caddy.Replacer) string {
 	for _, k := range z.keys {
-		if v := k.eval(repl); v != "" {
+		if v := k.eval(r, repl); v != "" {
 			if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
 				v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
 			}
