@@ -56,7 +56,9 @@ type RedisOptions struct {
 	DialTimeout time.Duration
 	// Pipelines is how many round trips may be in flight at once; every
 	// decision that arrives while they are busy joins the next one.
-	// Default 8.
+	// Default 4: few enough that concurrent decisions share round trips
+	// (about ten decisions per round trip at 50 connections), enough to
+	// keep several in flight to a distant Redis.
 	Pipelines int
 	// PoolSize is the most connections per server. Default Pipelines+2.
 	PoolSize int
@@ -184,7 +186,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		opt.DialTimeout = time.Second
 	}
 	if opt.Pipelines <= 0 {
-		opt.Pipelines = 8
+		opt.Pipelines = 4
 	}
 	if opt.PoolSize <= 0 {
 		opt.PoolSize = opt.Pipelines + 2
