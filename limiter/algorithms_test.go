@@ -52,19 +52,8 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 	for seed := range 3 {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			t.Parallel()
-			clk := newTestClock(epoch + int64(seed)*1e12)
-			rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: fmt.Sprintf("alg%d:", seed), Clock: clk.now})
-			ms := newMemory(t, clk)
-			rng := rand.New(rand.NewPCG(uint64(seed), 7))
-			ctx := context.Background()
 			counts := map[string]int{}
-			prevWall := time.Now()
-			for n := range decisions {
-				// As in TestRedisMatchesMemory: simulated time outruns
-				// real time, so Redis never expires a key early.
-				wall := time.Now()
-				clk.add(2*int64(wall.Sub(prevWall)/time.Microsecond) + 5000)
-				prevWall = wall
+			next := func(rng *rand.Rand, clk *testClock) []Request {
 				switch x := rng.IntN(10); {
 				case x < 4:
 				case x < 7:
@@ -92,25 +81,14 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 					}
 					reqs[i] = Request{Rule: r, Key: key, Cost: cost}
 				}
-				got := make([]Result, len(reqs))
-				want := make([]Result, len(reqs))
-				okR, err := rs.Decide(ctx, reqs, got)
-				if err != nil {
-					t.Fatalf("decision %d: redis: %v", n, err)
-				}
-				okM, err := ms.Decide(ctx, reqs, want)
-				if err != nil {
-					t.Fatalf("decision %d: memory: %v", n, err)
-				}
-				if okR != okM || !equalResults(got, want) {
-					t.Fatalf("decision %d at +%dus, %s:\nredis  %v %+v\nmemory %v %+v",
-						n, clk.now()-epoch, describe(reqs), okR, got, okM, want)
-				}
+				return reqs
+			}
+			seen := func(reqs []Request, ok bool, got []Result) {
 				for i, q := range reqs {
 					switch {
-					case okR && got[i].Delay > 0:
+					case ok && got[i].Delay > 0:
 						counts[q.Rule.Algorithm.String()+" delayed"]++
-					case okR:
+					case ok:
 						counts[q.Rule.Algorithm.String()+" admitted"]++
 					case !got[i].Allowed && got[i].RetryAfter == Never:
 						counts[q.Rule.Algorithm.String()+" never"]++
@@ -119,6 +97,7 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 					}
 				}
 			}
+			replayTrace(t, srv, fmt.Sprintf("alg%d:", seed), uint64(seed), 7, decisions, false, next, seen)
 			t.Logf("%d decisions: %v", decisions, counts)
 			for _, a := range []Algorithm{SlidingWindow, FixedWindow, SlidingLog, LeakyBucket} {
 				if counts[a.String()+" admitted"] == 0 || counts[a.String()+" denied"] == 0 {

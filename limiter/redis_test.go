@@ -87,23 +87,8 @@ func TestRedisMatchesMemory(t *testing.T) {
 	for seed := range 3 {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			t.Parallel()
-			clk := newTestClock(epoch + int64(seed)*1e12)
-			rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: fmt.Sprintf("conf%d:", seed), Clock: clk.now})
-			ms := newMemory(t, clk)
-			rng := rand.New(rand.NewPCG(uint64(seed), 99))
-			ctx := context.Background()
 			var admitted, denied, never int
-			prevWall := time.Now()
-			for n := range decisions {
-				// Redis expires a bucket on its own clock, after the TTL
-				// the script set. So that no bucket expires there
-				// while the simulated clock says it is not full yet,
-				// simulated time runs faster than real time, with a
-				// margin: twice the real time since the last decision
-				// and 5ms more, then a random step.
-				wall := time.Now()
-				clk.add(2*int64(wall.Sub(prevWall)/time.Microsecond) + 5000)
-				prevWall = wall
+			next := func(rng *rand.Rand, clk *testClock) []Request {
 				switch x := rng.IntN(10); {
 				case x < 4: // no more
 				case x < 7:
@@ -113,7 +98,6 @@ func TestRedisMatchesMemory(t *testing.T) {
 				default:
 					clk.add(rng.Int64N(600_000_000))
 				}
-
 				zones := rng.Perm(len(rules))[:1+rng.IntN(3)]
 				reqs := make([]Request, len(zones))
 				key := keys[rng.IntN(len(keys))]
@@ -136,38 +120,71 @@ func TestRedisMatchesMemory(t *testing.T) {
 					}
 					reqs[i] = Request{Rule: r, Key: k, Cost: cost}
 				}
-				got := make([]Result, len(reqs))
-				want := make([]Result, len(reqs))
-				sent := time.Now()
-				okR, err := rs.Decide(ctx, reqs, got)
-				if err != nil {
-					t.Fatalf("decision %d: redis: %v", n, err)
-				}
-				okM, err := ms.Decide(ctx, reqs, want)
-				if err != nil {
-					t.Fatalf("decision %d: memory: %v", n, err)
-				}
-				if okR != okM || !equalResults(got, want) {
-					t.Fatalf("decision %d at +%dus, %s:\nredis  %v %+v\nmemory %v %+v",
-						n, clk.now()-epoch, describe(reqs), okR, got, okM, want)
-				}
+				return reqs
+			}
+			seen := func(reqs []Request, ok bool, got []Result) {
 				switch {
-				case okR:
+				case ok:
 					admitted++
 				case slicesContainNever(got):
 					never++
 				default:
 					denied++
 				}
-				if n%10 == 0 {
-					compareStates(t, rs, ms, reqs, clk.now(), sent)
-				}
 			}
+			replayTrace(t, srv, fmt.Sprintf("conf%d:", seed), uint64(seed), 99, decisions, true, next, seen)
 			t.Logf("%d decisions: %d admitted, %d denied, %d impossible (cost above burst)", decisions, admitted, denied, never)
 			if admitted == 0 || denied == 0 || never == 0 {
 				t.Fatal("the trace did not cover admissions, denials and impossible costs")
 			}
 		})
+	}
+}
+
+// replayTrace drives a random trace through the Redis script (its time
+// fixed to a test clock) and the memory store (on the same clock), and
+// fails at the first decision on which they differ in any way. next
+// advances the clock and returns the next request; seen is told every
+// decision. With states, every tenth decision also compares the stored
+// integers.
+func replayTrace(t *testing.T, srv *redistest.Server, prefix string, seed, stream uint64, decisions int, states bool,
+	next func(*rand.Rand, *testClock) []Request, seen func([]Request, bool, []Result)) {
+	t.Helper()
+	clk := newTestClock(epoch + int64(seed)*1e12)
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: prefix, Clock: clk.now})
+	ms := newMemory(t, clk)
+	rng := rand.New(rand.NewPCG(seed, stream))
+	ctx := context.Background()
+	prevWall := time.Now()
+	for n := range decisions {
+		// Redis expires a bucket on its own clock, after the TTL the
+		// script set. So that no bucket expires there while the
+		// simulated clock says it is not full yet, simulated time runs
+		// faster than real time, with a margin: twice the real time
+		// since the last decision and 5ms more, then next's step.
+		wall := time.Now()
+		clk.add(2*int64(wall.Sub(prevWall)/time.Microsecond) + 5000)
+		prevWall = wall
+		reqs := next(rng, clk)
+		got := make([]Result, len(reqs))
+		want := make([]Result, len(reqs))
+		sent := time.Now()
+		okR, err := rs.Decide(ctx, reqs, got)
+		if err != nil {
+			t.Fatalf("decision %d: redis: %v", n, err)
+		}
+		okM, err := ms.Decide(ctx, reqs, want)
+		if err != nil {
+			t.Fatalf("decision %d: memory: %v", n, err)
+		}
+		if okR != okM || !equalResults(got, want) {
+			t.Fatalf("decision %d at +%dus, %s:\nredis  %v %+v\nmemory %v %+v",
+				n, clk.now()-epoch, describe(reqs), okR, got, okM, want)
+		}
+		seen(reqs, okR, got)
+		if states && n%10 == 0 {
+			compareStates(t, rs, ms, reqs, clk.now(), sent)
+		}
 	}
 }
 
