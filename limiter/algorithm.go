@@ -64,6 +64,19 @@ func (a Algorithm) String() string {
 	return "token_bucket"
 }
 
+// bucketName names a zone's buckets in the stores. A sliding log is a
+// sorted set in Redis, the others one integer: it gets its own name, so
+// that a zone switched to or from it in a reload does not meet a value of
+// the other type. The integer states tell each other apart by size (see
+// windowCounts), so they keep the zone's name, and with it the shortest
+// key.
+func bucketName(name string, alg Algorithm) string {
+	if alg == SlidingLog {
+		return name + "~log"
+	}
+	return name
+}
+
 // windowed reports whether the algorithm counts requests in windows.
 func (a Algorithm) windowed() bool {
 	return a == SlidingWindow || a == FixedWindow || a == SlidingLog
@@ -79,6 +92,9 @@ const (
 	maxSlidingWindowMS = 1 << 31
 	windowIdxMod       = 1024
 	counterBits        = 21
+	// maxWindowState bounds packed window counters (10 + 2 x 21 bits); a
+	// bucket's time state is always far above it.
+	maxWindowState = 1 << 52
 )
 
 // Errors of the window algorithms' rules.
@@ -102,7 +118,7 @@ func NewAlgorithmRule(name string, alg Algorithm, rate int64, per time.Duration,
 		if per < time.Millisecond || per%time.Millisecond != 0 || int64(per/time.Millisecond) >= maxSlidingWindowMS {
 			return nil, ErrWindowLength
 		}
-		return &Rule{Name: name, Algorithm: alg, Rate: rate, Per: per, Burst: rate, Exact: true,
+		return &Rule{Name: name, Bucket: bucketName(name, alg), Algorithm: alg, Rate: rate, Per: per, Burst: rate, Exact: true,
 			WindowUS: int64(per / time.Microsecond)}, nil
 	}
 	r, err := NewRule(name, rate, per, burst)
@@ -205,6 +221,11 @@ func (r *Rule) windowState(now, prev, curr int64) State {
 func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
 	w := now / r.WindowUS
 	elapsed = now - w*r.WindowUS
+	if s >= maxWindowState {
+		// A token or leaky bucket's state (a time x 1000, far above any
+		// packed counters): the zone changed algorithm; start afresh.
+		return 0, 0, elapsed
+	}
 	idx := int64(s) >> (2 * counterBits)
 	sPrev := int64(s) >> counterBits & MaxWindowLimit
 	sCurr := int64(s) & MaxWindowLimit

@@ -267,7 +267,7 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 				t.Fatalf("%s: %v %v", r.Algorithm, ok, err)
 			}
 		}
-		redisKey := rs.Key(r.Name, key)
+		redisKey := rs.Key(r.Bucket, key)
 		usage, _ := strconv.Atoi(srv.MustDo("MEMORY", "USAGE", redisKey))
 		enc := srv.MustDo("OBJECT", "ENCODING", redisKey)
 		srv.MustDo("DEL", redisKey)
@@ -301,6 +301,51 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 		}
 		if perKey > tc.memMax {
 			t.Errorf("%s: %.1f bytes per key in memory, want at most %.0f", r.Algorithm, perKey, tc.memMax)
+		}
+	}
+}
+
+// TestAlgorithmChangeStartsFresh: a zone that keeps its name but changes
+// its algorithm family in a reload finds no state of the other family, in
+// Redis and in memory: bucket times (token and leaky bucket), window
+// counters (fixed and sliding window) and sliding logs never misread each
+// other. Within a family the state keeps its meaning and carries over.
+func TestAlgorithmChangeStartsFresh(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newTestClock(epoch)
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Clock: clk.now})
+	ms := newMemory(t, clk)
+	ctx := context.Background()
+	tb := mustRule(t, "z", 1, time.Hour, 5)
+	lb := mustAlgRule(t, "z", LeakyBucket, 1, time.Hour, 5, 0)
+	fw := mustAlgRule(t, "z", FixedWindow, 5, time.Hour, 0, 0)
+	sw := mustAlgRule(t, "z", SlidingWindow, 5, time.Hour, 0, 0)
+	sl := mustAlgRule(t, "z", SlidingLog, 5, time.Hour, 0, 0)
+	pairs := [][2]*Rule{{tb, fw}, {tb, sw}, {fw, tb}, {sw, lb}, {lb, fw}, {tb, sl}, {sl, tb}, {sl, sw}, {fw, sl}}
+	for _, s := range []Store{rs, ms} {
+		spend := func(r *Rule, key string, n int) Result {
+			res := make([]Result, 1)
+			for range n {
+				if _, err := s.Decide(ctx, []Request{{Rule: r, Key: key, Cost: 1}}, res); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return res[0]
+		}
+		for i, p := range pairs {
+			key := fmt.Sprintf("%T-%d", s, i)
+			spend(p[0], key, 4)
+			clk.add(1)
+			if res := spend(p[1], key, 4); !res.Allowed || res.Remaining != 1 {
+				t.Errorf("%s: %s then %s: %+v, want a fresh limit (4 admitted, 1 left)", key, p[0].Algorithm, p[1].Algorithm, res)
+			}
+		}
+		// Within a family: the leaky bucket sees what the token bucket owes.
+		key := fmt.Sprintf("%T-family", s)
+		spend(tb, key, 4)
+		if res := spend(lb, key, 1); !res.Allowed || res.Delay < 3*time.Hour {
+			t.Errorf("%s: token bucket then leaky bucket: %+v, want the debt of 4 tokens to carry over as a wait", key, res)
 		}
 	}
 }

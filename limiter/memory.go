@@ -76,7 +76,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	var lockBuf [8]uint8
 	ids, verdicts, locks := idBuf[:0], verdictBuf[:0], lockBuf[:0]
 	for i := range reqs {
-		id := s.hash.id(reqs[i].Rule.Name, reqs[i].Key)
+		id := s.hash.id(reqs[i].Rule.Bucket, reqs[i].Key)
 		ids = append(ids, id)
 		locks = insertSorted(locks, id.shard())
 	}

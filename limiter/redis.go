@@ -359,7 +359,7 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 	var slotBuf [8]int
 	slots := slotBuf[:0]
 	for i := range reqs {
-		slots = append(slots, keySlot(s.Key(reqs[i].Rule.Name, reqs[i].Key)))
+		slots = append(slots, keySlot(s.Key(reqs[i].Rule.Bucket, reqs[i].Key)))
 	}
 	// Group the zones by slot, keeping each group in request order.
 	var groups [][]int
@@ -474,7 +474,7 @@ func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []i
 	c.keys = c.keys[:0]
 	add := func(q *Request) {
 		r := q.Rule
-		c.keys = append(c.keys, s.Key(r.Name, q.Key))
+		c.keys = append(c.keys, s.Key(r.Bucket, q.Key))
 		c.args = append(c.args, r.scriptArgs()...)
 		c.args = append(c.args, q.Cost)
 	}

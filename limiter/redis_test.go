@@ -221,13 +221,13 @@ func describe(reqs []Request) string {
 func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request, now int64, sent time.Time) {
 	t.Helper()
 	for _, q := range reqs {
-		id := ms.hash.id(q.Rule.Name, q.Key)
+		id := ms.hash.id(q.Rule.Bucket, q.Key)
 		sh := &ms.shards[id[0]%numShards]
 		sh.mu.Lock()
 		e, inMemory := sh.m[id]
 		st := e.state
 		sh.mu.Unlock()
-		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.Name, q.Key)).Result()
+		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.Bucket, q.Key)).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			// The TTL is at least the time to full, counted from

@@ -30,8 +30,12 @@ const fracScale = 1000
 // reduces to a denominator above 1000 (say 12345 per second) round the
 // interval up to the next 1/1000 microsecond, which can only admit less.
 type Rule struct {
-	// Name is the zone's name; it is part of every bucket's key.
+	// Name is the zone's name.
 	Name string
+	// Bucket names the zone's buckets in the stores: the zone's name,
+	// and "<name>~log" for a sliding log (a sorted set in Redis, not an
+	// integer).
+	Bucket string
 	// Rate is how many tokens are refilled every Per.
 	Rate int64
 	// Per is the refill period of Rate tokens.
@@ -93,7 +97,7 @@ func NewRule(name string, rate int64, per time.Duration, burst int64) (*Rule, er
 	if burst < 0 {
 		return nil, ErrBadBurst
 	}
-	r := &Rule{Name: name, Rate: rate, Per: per, Burst: burst}
+	r := &Rule{Name: name, Bucket: name, Rate: rate, Per: per, Burst: burst}
 	g := gcd(rate, perUS)
 	if den := rate / g; den <= fracScale {
 		r.Denom, r.Interval, r.Exact = den, perUS/g, true

@@ -18,6 +18,9 @@ local function win_unpack(key, window)
   local v = redis.call('GET', key)
   if not v then return 0, 0, elapsed, w end
   v = tonumber(v)
+  -- A token or leaky bucket's state (a time x 1000, far above any packed
+  -- counters): the zone changed algorithm; start afresh.
+  if v >= 4503599627370496 then return 0, 0, elapsed, w end -- 2^52
   local idx = math.floor(v / (W_BITS * W_BITS))
   local prev = math.floor(v / W_BITS) % W_BITS
   local curr = v % W_BITS
