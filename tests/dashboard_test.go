@@ -221,9 +221,14 @@ func TestDashboardInChromium(t *testing.T) {
 	if api2.TopKey != api.TopKey || api2.TopCount == api.TopCount {
 		t.Errorf("the table did not update: %q %q -> %q %q", api.TopKey, api.TopCount, api2.TopKey, api2.TopCount)
 	}
-	if api2.FleetSum <= api2.LocalSum/2 {
-		t.Errorf("fleet denials %d against this node's %d: the fleet view misses the other node", api2.FleetSum, api2.LocalSum)
-	}
+	// The fleet view lags a couple of seconds behind the node's own
+	// counts (each node reports the seconds that are complete): with two
+	// nodes under the same load it soon holds more than half of what this
+	// node alone counts.
+	waitFor("fleet denials above half of this node's", 10*time.Second, func(s dashboardState) bool {
+		i := zone(s, "api")
+		return i >= 0 && s.Zones[i].FleetSum > s.Zones[i].LocalSum/2
+	})
 
 	// FLEETLIMIT_DASHBOARD_SECONDS keeps the load and the page running
 	// longer before the screenshot, so that the charts fill up (how
