@@ -19,16 +19,14 @@ func newHasher() hasher {
 	return hasher{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 }
 
-// id hashes a zone name and client key into a bucket id without allocating.
+// id hashes a zone name and client key into a bucket id without allocating:
+// per half, a keyed hash of each string (maphash.String, no buffering), the
+// zone's multiplied by an odd constant before they are combined, so that
+// (zone, key) pairs map to distinct ids as a 128-bit random function would.
 func (h hasher) id(zone, key string) bucketID {
 	var id bucketID
 	for i := range id {
-		var mh maphash.Hash
-		mh.SetSeed(h.seeds[i])
-		mh.WriteString(zone)
-		mh.WriteByte(0)
-		mh.WriteString(key)
-		id[i] = mh.Sum64()
+		id[i] = maphash.String(h.seeds[i], zone)*0x9E3779B97F4A7C15 ^ maphash.String(h.seeds[i], key)
 	}
 	return id
 }
