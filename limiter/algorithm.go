@@ -174,15 +174,17 @@ func (r *Rule) check(s State, now, cost int64) verdict {
 }
 
 // commit returns the state after charging a request that v admitted at
-// microsecond now, and how long it must be kept.
-func (r *Rule) commit(v verdict, now, cost int64) (State, time.Duration) {
+// microsecond now, and the microsecond from which it counts nothing (the
+// window it counts in has passed, or the bucket is full again).
+func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 	switch r.Algorithm {
 	case FixedWindow:
-		return r.windowState(now, 0, v.curr+cost), time.Duration(r.WindowUS-v.elapsed) * time.Microsecond
+		return r.windowState(now, 0, v.curr+cost), now + r.WindowUS - v.elapsed
 	case SlidingWindow:
-		return r.windowState(now, v.prev, v.curr+cost), time.Duration(2*r.WindowUS-v.elapsed) * time.Microsecond
+		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.WindowUS - v.elapsed
 	}
-	return r.stateAt(now, v.after), r.ttl(v.after)
+	st := r.stateAt(now, v.after)
+	return st, st.FullAt()
 }
 
 // result turns a verdict into the zone's Result. charged says whether the

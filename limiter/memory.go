@@ -117,11 +117,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 				lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
 				lb.expires = now + r.WindowUS
 			} else {
-				st, ttl := r.commit(verdicts[i], now, cost)
-				exp := now + int64(ttl/time.Microsecond)
-				if !r.Algorithm.windowed() {
-					exp = st.FullAt()
-				}
+				st, exp := r.commit(verdicts[i], now, cost)
 				sh.m[ids[i]] = memEntry{state: st, expires: exp}
 				sh.peak = max(sh.peak, len(sh.m))
 			}

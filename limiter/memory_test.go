@@ -261,9 +261,6 @@ func TestMemorySweeper(t *testing.T) {
 // take: memory must be a few dozen bytes per active key.
 func TestMemoryBytesPerKey(t *testing.T) {
 	// Not parallel: the heap is measured, so nothing else may run.
-	if testing.Short() {
-		t.Skip("inserts a million keys")
-	}
 	const n = 1_000_000
 	keys := make([]string, n)
 	for i := range keys {

@@ -394,7 +394,7 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 	for g, idx := range groups {
 		if errs[g] != nil {
 			all = false
-			firstErr = cmp(firstErr, errs[g])
+			firstErr = orErr(firstErr, errs[g])
 			continue
 		}
 		sub := subset(reqs, idx)
@@ -402,7 +402,7 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 		ok, err := decodeReply(calls[g].reply, sub, subRes)
 		if err != nil {
 			all = false
-			firstErr = cmp(firstErr, err)
+			firstErr = orErr(firstErr, err)
 			continue
 		}
 		admitted[g] = ok
@@ -431,7 +431,7 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 		}
 	}
 	for _, err := range s.sendAll(ctx, refunds) {
-		firstErr = cmp(firstErr, err)
+		firstErr = orErr(firstErr, err)
 	}
 	if firstErr != nil {
 		return false, firstErr
@@ -439,7 +439,8 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 	return false, nil
 }
 
-func cmp(first, err error) error {
+// orErr keeps the first error.
+func orErr(first, err error) error {
 	if first != nil {
 		return first
 	}

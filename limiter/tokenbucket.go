@@ -58,12 +58,6 @@ func (r *Rule) stateAt(now, after int64) State {
 	return State((now+after/r.Denom)*fracScale + after%r.Denom)
 }
 
-// ttl returns how long a stored state of after ticks must live: until the
-// bucket is full again, rounded up to the millisecond.
-func (r *Rule) ttl(after int64) time.Duration {
-	return time.Duration(ceilDiv(after, r.Denom*1000)) * time.Millisecond
-}
-
 // tbResult turns a token bucket verdict into the zone's Result. charged
 // says whether the request was admitted by every zone and so charged to
 // this one.
