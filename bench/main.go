@@ -104,7 +104,10 @@ type sample struct {
 
 type redisSample struct {
 	Calls, Usec, Reads int64
-	CPU                float64 // seconds
+	// Decisions counts the decisions Redis made: the GET each token
+	// bucket decision runs inside the script (several share an EVALSHA).
+	Decisions int64
+	CPU       float64 // seconds
 	// Other counts the other commands run, those inside scripts included
 	// (OtherNames: which, and how many).
 	Other            int64
@@ -432,11 +435,12 @@ func (b *bench) runOne(c config, round int) *sample {
 	redisCPU := time.Duration((after.CPU - before.CPU) * float64(time.Second))
 	if c.Store == "redis" {
 		s.Redis = &redisSample{
-			Calls: after.EvalshaCalls - before.EvalshaCalls,
-			Usec:  after.EvalshaUsec - before.EvalshaUsec,
-			Reads: after.Reads - before.Reads,
-			CPU:   after.CPU - before.CPU,
-			Other: after.OtherCalls - before.OtherCalls,
+			Calls:     after.EvalshaCalls - before.EvalshaCalls,
+			Usec:      after.EvalshaUsec - before.EvalshaUsec,
+			Reads:     after.Reads - before.Reads,
+			CPU:       after.CPU - before.CPU,
+			Other:     after.OtherCalls - before.OtherCalls,
+			Decisions: after.Other["get"] - before.Other["get"],
 		}
 		for name, n := range after.Other {
 			if d := n - before.Other[name]; d > 0 {
@@ -495,7 +499,8 @@ func redisLine(s *sample) string {
 		return ""
 	}
 	n := float64(max(s.Wrk.Requests, 1))
-	line := fmt.Sprintf("  redis %.2f us/call, %.3f evalsha/req, %.3f reads/req", float64(r.Usec)/float64(max(r.Calls, 1)), float64(r.Calls)/n, float64(r.Reads)/n)
+	line := fmt.Sprintf("  redis %.2f us/decision, %.1f decisions/evalsha, %.3f evalsha/req, %.3f reads/req", float64(r.Usec)/float64(max(r.Decisions, 1)),
+		float64(r.Decisions)/float64(max(r.Calls, 1)), float64(r.Calls)/n, float64(r.Reads)/n)
 	if r.Other > 0 {
 		line += fmt.Sprintf(", other commands (scripts' own included): %s", strings.Join(r.OtherNames, ", "))
 	}

@@ -48,10 +48,10 @@ var columns = []column{
 	{"Caddy CPU us/req", func(_ config, s *sample) (float64, bool) { return perRequest(s, us(s.CaddyCPU)), true }, "%.1f"},
 	{"Caddy peak RSS MiB", func(_ config, s *sample) (float64, bool) { return float64(s.RSSKB) / 1024, true }, "%.1f"},
 	{"Redis us/decision", func(_ config, s *sample) (float64, bool) {
-		if s.Redis == nil || s.Redis.Calls == 0 {
+		if s.Redis == nil || s.Redis.Decisions == 0 {
 			return 0, false
 		}
-		return float64(s.Redis.Usec) / float64(s.Redis.Calls), true
+		return float64(s.Redis.Usec) / float64(s.Redis.Decisions), true
 	}, "%.2f"},
 	{"EVALSHA/req", func(_ config, s *sample) (float64, bool) {
 		if s.Redis == nil {
@@ -311,7 +311,9 @@ func (r *report) header() string {
 		"latency the handler adds to a request.\n", r.conns(), r.lightLabel())
 	fmt.Fprintf(&b, "- Rules: nothing denied `rate 1000 1h burst 100000000` (every bucket lives for the whole run); most denied "+
 		"`rate 100 1s`. Zone key `{header.X-Key}`; wrk sends `X-Key: hot`, or one of the keys at random.\n")
-	fmt.Fprintf(&b, "- Redis: server time per decision from INFO commandstats `cmdstat_evalsha` (usec / calls) after CONFIG RESETSTAT; "+
+	fmt.Fprintf(&b, "- Redis: server time per decision from INFO commandstats after CONFIG RESETSTAT: `cmdstat_evalsha` usec over "+
+		"the decisions Redis made, which are the `cmdstat_get` calls (one GET per token bucket decision, inside the script; the "+
+		"decisions waiting together share one EVALSHA); "+
 		"round trips from the `total_reads_processed` delta (one read event per pipeline round trip) over requests; CPU from "+
 		"`used_cpu_user` + `used_cpu_sys`; bytes per bucket: `used_memory` from the emptied database to the end of the run "+
 		"(Caddy stopped, so no client buffers) over DBSIZE, and MEMORY USAGE of one bucket.\n")

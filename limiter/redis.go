@@ -96,10 +96,11 @@ var silenceRedisLog sync.Once
 const maxBatch = 256
 
 // RedisStore keeps buckets in Redis, so that every node pointed at the same
-// Redis shares them. Each decision is one EVALSHA of the token bucket script
-// covering all zones of the request; decisions made concurrently share round
-// trips (automatic pipelining): a few workers each take everything queued,
-// write it in one go and read the replies in order.
+// Redis shares them. Decisions made concurrently share round trips and
+// script calls (automatic pipelining): a few workers each take every
+// decision queued and send them as one EVALSHA of the decide script (one
+// per slot in a Cluster), which decides them one after the other, each
+// against all zones of its request.
 type RedisStore struct {
 	client  redis.UniversalClient
 	cluster bool
@@ -287,14 +288,27 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 		return false, ErrBreakerOpen
 	}
 	ok, err := s.decide(ctx, reqs, results)
+	var refused *requestError
 	switch {
 	case err == nil:
 		s.breaker.Success()
-	case !errors.Is(err, context.Canceled): // a client that left is not Redis' fault
+	case errors.Is(err, context.Canceled): // a client that left is not Redis' fault
+	case errors.As(err, &refused): // Redis answered: it is up
+		s.breaker.Success()
+	default:
 		s.breaker.Failure()
 	}
 	return ok, err
 }
+
+// requestError is the error of one request of a batch whose commands
+// failed (a bucket key holding another type, say) while Redis decided the
+// rest of the batch: the request's failure policy applies, but Redis is up,
+// so the circuit breaker does not count it.
+type requestError struct{ err error }
+
+func (e *requestError) Error() string { return "redis: " + e.err.Error() }
+func (e *requestError) Unwrap() error { return e.err }
 
 func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
 	if !s.cluster || len(reqs) == 1 {
@@ -464,15 +478,18 @@ func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *c
 	return c
 }
 
-// fill sets a call's script, keys and arguments.
+// fill sets a call's script, keys and arguments: the number of zones, then
+// per zone the algorithm, its four parameters and the cost. The clock
+// argument belongs to the script call that carries the request (see
+// scriptArgs).
 func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int) {
 	c.script = script
-	if s.clock != nil {
-		c.args = append(c.args[:0], strconv.FormatInt(s.clock(), 10))
-	} else {
-		c.args = append(c.args[:0], "0")
-	}
 	c.keys = c.keys[:0]
+	n := len(idx)
+	if idx == nil {
+		n = len(reqs)
+	}
+	c.args = append(c.args[:0], n)
 	add := func(q *Request) {
 		r := q.Rule
 		c.keys = append(c.keys, s.Key(r.Bucket, q.Key))
@@ -554,6 +571,7 @@ func (s *RedisStore) ctxErr(ctx context.Context) error {
 func (s *RedisStore) worker() {
 	defer s.wg.Done()
 	batch := make([]*call, 0, maxBatch)
+	var p pipeline
 	for {
 		select {
 		case c := <-s.queue:
@@ -570,34 +588,98 @@ func (s *RedisStore) worker() {
 				break drain
 			}
 		}
-		s.run(batch)
+		s.run(&p, batch)
 		clear(batch)
 	}
 }
 
+// scriptCall is one EVALSHA of a pipeline: the decide script for a batch
+// of calls (every waiting decision, or in a Cluster those of one slot), or
+// the refund script for one call.
+type scriptCall struct {
+	script *redis.Script
+	calls  []*call
+	cmd    *redis.Cmd
+}
+
+// pipeline is a worker's reusable grouping of a batch into script calls.
+type pipeline struct {
+	groups []scriptCall
+	slots  map[int]int // Cluster: slot to index in groups
+}
+
+// group sorts a batch into script calls: the decisions into one (per slot
+// in a Cluster, where a script's keys must share a slot), each refund into
+// its own.
+func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
+	for i := range p.groups {
+		clear(p.groups[i].calls)
+		p.groups[i] = scriptCall{calls: p.groups[i].calls[:0]}
+	}
+	p.groups = p.groups[:0]
+	if s.cluster {
+		if p.slots == nil {
+			p.slots = make(map[int]int)
+		}
+		clear(p.slots)
+	}
+	add := func(script *redis.Script, c *call) int {
+		if len(p.groups) < cap(p.groups) {
+			p.groups = p.groups[:len(p.groups)+1]
+		} else {
+			p.groups = append(p.groups, scriptCall{})
+		}
+		g := &p.groups[len(p.groups)-1]
+		g.script, g.calls = script, append(g.calls, c)
+		return len(p.groups) - 1
+	}
+	decide := -1
+	for _, c := range batch {
+		switch {
+		case c.script == s.refund:
+			add(s.refund, c)
+		case s.cluster:
+			slot := keySlot(c.keys[0])
+			if g, ok := p.slots[slot]; ok {
+				p.groups[g].calls = append(p.groups[g].calls, c)
+			} else {
+				p.slots[slot] = add(s.script, c)
+			}
+		case decide >= 0:
+			p.groups[decide].calls = append(p.groups[decide].calls, c)
+		default:
+			decide = add(s.script, c)
+		}
+	}
+	return p.groups
+}
+
 // run sends a batch in one pipeline. A pipelined EVALSHA cannot fall back to
-// EVAL by itself, so calls answered NOSCRIPT (Redis restarted, failed over,
-// or SCRIPT FLUSH) are sent again once their script is loaded: NOSCRIPT
-// means the script did not run, so nothing is charged twice. So are calls
-// answered TRYAGAIN (a Cluster slot in migration), after a short pause.
-func (s *RedisStore) run(batch []*call) {
+// EVAL by itself, so script calls answered NOSCRIPT (Redis restarted,
+// failed over, or SCRIPT FLUSH) are sent again once their script is loaded:
+// NOSCRIPT means the script did not run, so nothing is charged twice. So
+// are those answered TRYAGAIN (a Cluster slot in migration), after a short
+// pause.
+func (s *RedisStore) run(p *pipeline, batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	cmds := s.exec(ctx, batch)
+	groups := s.group(p, batch)
+	s.exec(ctx, groups)
+	var again []scriptCall
 	for attempt := 0; attempt < 3; attempt++ {
-		var again []*call
 		var pos []int
 		var load []*redis.Script
 		tryAgain := false
-		for i, cmd := range cmds {
-			switch err := cmd.Err(); {
+		again = again[:0]
+		for i := range groups {
+			switch err := groups[i].cmd.Err(); {
 			case isNoScript(err):
-				again, pos = append(again, batch[i]), append(pos, i)
-				if !containsScript(load, batch[i].script) {
-					load = append(load, batch[i].script)
+				again, pos = append(again, groups[i]), append(pos, i)
+				if !containsScript(load, groups[i].script) {
+					load = append(load, groups[i].script)
 				}
 			case redis.IsTryAgainError(err):
-				again, pos = append(again, batch[i]), append(pos, i)
+				again, pos = append(again, groups[i]), append(pos, i)
 				tryAgain = true
 			}
 		}
@@ -606,7 +688,7 @@ func (s *RedisStore) run(batch []*call) {
 		}
 		for _, sc := range load {
 			if err := sc.Load(ctx, s.client).Err(); err != nil {
-				again = nil // report the NOSCRIPT errors as they are
+				again = again[:0] // report the NOSCRIPT errors as they are
 			}
 		}
 		if len(again) == 0 {
@@ -618,20 +700,48 @@ func (s *RedisStore) run(batch []*call) {
 			case <-ctx.Done():
 			}
 		}
-		for j, cmd := range s.exec(ctx, again) {
-			cmds[pos[j]] = cmd
+		s.exec(ctx, again)
+		for j, i := range pos {
+			groups[i].cmd = again[j].cmd
 		}
 	}
-	for i, c := range batch {
-		if c.script == s.refund {
-			c.err = cmds[i].Err()
-		} else {
-			c.reply, c.err = cmds[i].Slice()
-		}
-		if c.err != nil {
+	for i := range groups {
+		s.deliver(&groups[i])
+	}
+}
+
+// deliver hands each call of a script call its part of the reply, or the
+// error.
+func (s *RedisStore) deliver(g *scriptCall) {
+	if g.script == s.refund {
+		c := g.calls[0]
+		if c.err = g.cmd.Err(); c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
 		c.deliver()
+		return
+	}
+	reply, err := g.cmd.Slice()
+	if err != nil {
+		err = s.cmdErr(err)
+	}
+	o := 0
+	for _, c := range g.calls {
+		w := 1 + 4*len(c.keys)
+		switch {
+		case err != nil:
+			c.err = err
+		case o+w > len(reply):
+			c.err = fmt.Errorf("redis: unexpected script reply of %d values for %d zones in %d requests", len(reply), len(c.keys), len(g.calls))
+		default:
+			if e, ok := reply[o].(error); ok {
+				c.err = &requestError{e}
+			} else {
+				c.reply = reply[o : o+w : o+w]
+			}
+		}
+		o += w
+		c.deliver() // the last use of c: it may go back to the pool
 	}
 }
 
@@ -655,14 +765,37 @@ func (s *RedisStore) cmdErr(err error) error {
 	return fmt.Errorf("redis: %w", err)
 }
 
-func (s *RedisStore) exec(ctx context.Context, batch []*call) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(batch))
+// exec sends script calls in one pipeline and sets each one's command:
+// EVALSHA, the keys of all its calls, the clock, then the arguments of all
+// its calls.
+func (s *RedisStore) exec(ctx context.Context, groups []scriptCall) {
+	clock := "0"
+	if s.clock != nil {
+		clock = strconv.FormatInt(s.clock(), 10)
+	}
 	pipe := s.client.Pipeline()
-	for i, c := range batch {
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	for i := range groups {
+		g := &groups[i]
+		nkeys, nargs := 0, 0
+		for _, c := range g.calls {
+			nkeys += len(c.keys)
+			nargs += len(c.args)
+		}
+		args := make([]any, 0, 4+nkeys+nargs)
+		args = append(args, "evalsha", g.script.Hash(), nkeys)
+		for _, c := range g.calls {
+			for _, k := range c.keys {
+				args = append(args, k)
+			}
+		}
+		args = append(args, clock)
+		for _, c := range g.calls {
+			args = append(args, c.args...)
+		}
+		g.cmd = redis.NewCmd(ctx, args...)
+		_ = pipe.Process(ctx, g.cmd)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	return cmds
 }
 
 func isNoScript(err error) bool {

@@ -409,6 +409,83 @@ func TestRedisConcurrentExact(t *testing.T) {
 	}
 }
 
+// TestRedisBatchesDecisions sends concurrent decisions on many keys, one
+// of which holds a hash where a bucket belongs: the decisions waiting
+// together share script calls (fewer EVALSHA than decisions, one GET per
+// decision inside them), every bucket admits exactly its burst, and the
+// poisoned key's error stays with its own requests, without opening the
+// circuit breaker.
+func TestRedisBatchesDecisions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr})
+	r := mustRule(t, "batch", 1, time.Hour, 10)
+	srv.MustDo("HSET", rs.Key(r.Bucket, "poison"), "f", "v")
+	srv.MustDo("CONFIG", "RESETSTAT")
+	const workers, each = 48, 25
+	var admitted [workers]atomic.Int64
+	var poisonErrs, otherErrs atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		key := "client-" + strconv.Itoa(w)
+		if w%8 == 0 {
+			key = "poison"
+		}
+		wg.Go(func() {
+			reqs := []Request{{Rule: r, Key: key, Cost: 1}}
+			results := make([]Result, 1)
+			for range each {
+				ok, err := rs.Decide(context.Background(), reqs, results)
+				switch {
+				case key == "poison" && err != nil && strings.Contains(err.Error(), "WRONGTYPE"):
+					poisonErrs.Add(1)
+				case err != nil || key == "poison":
+					otherErrs.Add(1)
+					t.Errorf("%s: %v, %v", key, ok, err)
+				case ok:
+					admitted[w].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for w := range workers {
+		if w%8 != 0 && admitted[w].Load() != r.Burst {
+			t.Errorf("client-%d: %d admitted of %d, want exactly %d", w, admitted[w].Load(), each, r.Burst)
+		}
+	}
+	if n := poisonErrs.Load(); n != workers/8*each || otherErrs.Load() != 0 {
+		t.Fatalf("%d WRONGTYPE errors on the poisoned key (want %d), %d other failures", n, workers/8*each, otherErrs.Load())
+	}
+	if n := rs.Breaker().Opened(); n != 0 {
+		t.Fatal("per-request errors opened the circuit breaker")
+	}
+	stats := commandStats(t, srv)
+	decisions := int64(workers * each)
+	if stats["get"] != decisions {
+		t.Errorf("%d GET in the scripts, want one per decision (%d)", stats["get"], decisions)
+	}
+	if stats["evalsha"] >= decisions {
+		t.Errorf("%d EVALSHA for %d concurrent decisions: none shared a script call", stats["evalsha"], decisions)
+	}
+	t.Logf("%d decisions in %d EVALSHA", decisions, stats["evalsha"])
+}
+
+// commandStats returns the calls per command since CONFIG RESETSTAT.
+func commandStats(t *testing.T, srv *redistest.Server) map[string]int64 {
+	t.Helper()
+	calls := map[string]int64{}
+	for line := range strings.SplitSeq(srv.MustDo("INFO", "commandstats"), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(rest, ",")
+		calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
+	}
+	return calls
+}
+
 // TestRedisTimeout pauses Redis: decisions fail with ErrStoreTimeout
 // within the timeout and a small margin, and succeed again once it resumes.
 func TestRedisTimeout(t *testing.T) {

@@ -1,42 +1,70 @@
--- decide.lua: one request against every zone's bucket, atomically. Every
+-- decide.lua: a batch of requests, each against every one of its zones'
+-- buckets, in one call. The nodes send every decision that is waiting
+-- when a round trip leaves as one call, so that Redis pays for a script
+-- call, TIME and the reply once per batch rather than once per request.
+-- Requests are decided one after the other, as separate calls in a
+-- pipeline would be, and the whole batch is atomic. Within a request every
 -- zone is checked first; only if all admit is each one charged, so a
 -- denied request costs no zone anything.
 --
--- KEYS[i]              the bucket of zone i
 -- ARGV[1]              "0": the clock is Redis TIME; otherwise a fixed time
 --                      in microseconds, for tests only
--- ARGV[2+6(i-1)...]    per zone i: algorithm (0 token bucket, 1 sliding
---                      window, 2 fixed window, 3 sliding log, 4 leaky
---                      bucket), four parameters p1..p4, cost
+-- then per request:    its number of zones n, then per zone: algorithm
+--                      (0 token bucket, 1 sliding window, 2 fixed window,
+--                      3 sliding log, 4 leaky bucket), four parameters
+--                      p1..p4, cost
+-- KEYS                 the zones' buckets, request after request
 --
--- Returns {admitted (1|0), then four numbers per zone: flag (1 admits, 0
--- denies, 2 never can) and three the zone's algorithm reports (r1..r3)}.
+-- Returns, request after request, {admitted (1|0), then four numbers per
+-- zone: flag (1 admits, 0 denies, 2 never can) and three the zone's
+-- algorithm reports (r1..r3)}, all in one flat array. A request whose
+-- commands fail (a key of the wrong type, say) gets its error in place of
+-- admitted, then zeros; the requests around it are decided as usual.
 
-local n = #KEYS
-local reply = {1}
-for i = 1, n do
-  local a = 2 + (i - 1) * 6
-  local alg = tonumber(ARGV[a])
-  local p1, p2, p3, p4 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local cost = tonumber(ARGV[a + 5])
-  local key = KEYS[i]
-  local flag, r1, r2, r3 = 0, 0, 0, 0
-  --@dispatch check
-  if flag ~= 1 then reply[1] = 0 end
-  local b = 1 + (i - 1) * 4
-  reply[b + 1], reply[b + 2], reply[b + 3], reply[b + 4] = flag, r1, r2, r3
-end
-if reply[1] == 0 then return reply end
-for i = 1, n do
-  local a = 2 + (i - 1) * 6
-  local cost = tonumber(ARGV[a + 5])
-  if cost > 0 then
-    local alg = tonumber(ARGV[a])
-    local p1, p2, p3, p4 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    local key = KEYS[i]
-    local b = 1 + (i - 1) * 4
-    local r1, r2, r3 = reply[b + 2], reply[b + 3], reply[b + 4]
-    --@dispatch commit
+local reply = {}
+
+-- one decides the request whose zones start at KEYS[k] and ARGV[a], with
+-- its reply from reply[o]. A function so that pcall can confine a failing
+-- request's error to that request.
+local function one(n, k, a, o)
+  reply[o] = 1
+  for i = 0, n - 1 do
+    local b = a + i * 6
+    local alg = tonumber(ARGV[b])
+    local p1, p2, p3, p4 = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local cost = tonumber(ARGV[b + 5])
+    local key = KEYS[k + i]
+    local flag, r1, r2, r3 = 0, 0, 0, 0
+    --@dispatch check
+    if flag ~= 1 then reply[o] = 0 end
+    local c = o + 1 + i * 4
+    reply[c], reply[c + 1], reply[c + 2], reply[c + 3] = flag, r1, r2, r3
   end
+  if reply[o] == 0 then return end
+  for i = 0, n - 1 do
+    local b = a + i * 6
+    local cost = tonumber(ARGV[b + 5])
+    if cost > 0 then
+      local alg = tonumber(ARGV[b])
+      local p1, p2, p3, p4 = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+      local key = KEYS[k + i]
+      local c = o + 1 + i * 4
+      local r1, r2, r3 = reply[c + 1], reply[c + 2], reply[c + 3]
+      --@dispatch commit
+    end
+  end
+end
+
+local k, a, o = 1, 2, 1
+local nargs = #ARGV
+while a <= nargs do
+  local n = tonumber(ARGV[a])
+  local ok, err = pcall(one, n, k, a + 1, o)
+  if not ok then
+    if type(err) ~= 'table' then err = {err = tostring(err)} end
+    reply[o] = err
+    for j = o + 1, o + 4 * n do reply[j] = 0 end
+  end
+  k, a, o = k + n, a + 1 + 6 * n, o + 1 + 4 * n
 end
 return reply
