@@ -104,8 +104,10 @@ type sample struct {
 
 type redisSample struct {
 	Calls, Usec, Reads int64
-	// Decisions counts the decisions Redis made: the GET each token
-	// bucket decision runs inside the script (several share an EVALSHA).
+	// Decisions counts the decisions Redis made: the keys the scripts
+	// read (keyspace hits and misses), one per decision of a one-zone
+	// request; the decisions waiting together share an EVALSHA and its
+	// MGET.
 	Decisions int64
 	CPU       float64 // seconds
 	// Other counts the other commands run, those inside scripts included
@@ -440,7 +442,7 @@ func (b *bench) runOne(c config, round int) *sample {
 			Reads:     after.Reads - before.Reads,
 			CPU:       after.CPU - before.CPU,
 			Other:     after.OtherCalls - before.OtherCalls,
-			Decisions: after.Other["get"] - before.Other["get"],
+			Decisions: after.Lookups - before.Lookups,
 		}
 		for name, n := range after.Other {
 			if d := n - before.Other[name]; d > 0 {

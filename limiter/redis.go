@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,8 +123,9 @@ type RedisStore struct {
 // call is one script call travelling to a pipeline worker and back.
 type call struct {
 	script *redis.Script
-	keys   []string
-	args   []any
+	keys   []string // per zone: its bucket, rule and cost
+	rules  []*Rule
+	costs  []int64
 	reply  []any
 	err    error
 	done   chan struct{}
@@ -152,8 +154,8 @@ func (c *call) deliver() {
 
 func putCall(c *call) {
 	clear(c.keys)
-	clear(c.args)
-	c.keys, c.args, c.reply, c.err, c.script = c.keys[:0], c.args[:0], nil, nil, nil
+	clear(c.rules)
+	c.keys, c.rules, c.costs, c.reply, c.err, c.script = c.keys[:0], c.rules[:0], c.costs[:0], nil, nil, nil
 	c.state.Store(0)
 	callPool.Put(c)
 }
@@ -478,23 +480,14 @@ func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *c
 	return c
 }
 
-// fill sets a call's script, keys and arguments: the number of zones, then
-// per zone the algorithm, its four parameters and the cost. The clock
-// argument belongs to the script call that carries the request (see
-// scriptArgs).
+// fill sets a call's script, and per zone its key, rule and cost.
 func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int) {
 	c.script = script
-	c.keys = c.keys[:0]
-	n := len(idx)
-	if idx == nil {
-		n = len(reqs)
-	}
-	c.args = append(c.args[:0], n)
+	c.keys, c.rules, c.costs = c.keys[:0], c.rules[:0], c.costs[:0]
 	add := func(q *Request) {
-		r := q.Rule
-		c.keys = append(c.keys, s.Key(r.Bucket, q.Key))
-		c.args = append(c.args, r.scriptArgs()...)
-		c.args = append(c.args, q.Cost)
+		c.keys = append(c.keys, s.Key(q.Rule.Bucket, q.Key))
+		c.rules = append(c.rules, q.Rule)
+		c.costs = append(c.costs, q.Cost)
 	}
 	if idx == nil {
 		for i := range reqs {
@@ -606,6 +599,7 @@ type scriptCall struct {
 type pipeline struct {
 	groups []scriptCall
 	slots  map[int]int // Cluster: slot to index in groups
+	rules  []*Rule     // a script call's distinct rules
 }
 
 // group sorts a batch into script calls: the decisions into one (per slot
@@ -664,7 +658,7 @@ func (s *RedisStore) run(p *pipeline, batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	groups := s.group(p, batch)
-	s.exec(ctx, groups)
+	s.exec(ctx, p, groups)
 	var again []scriptCall
 	for attempt := 0; attempt < 3; attempt++ {
 		var pos []int
@@ -700,7 +694,7 @@ func (s *RedisStore) run(p *pipeline, batch []*call) {
 			case <-ctx.Done():
 			}
 		}
-		s.exec(ctx, again)
+		s.exec(ctx, p, again)
 		for j, i := range pos {
 			groups[i].cmd = again[j].cmd
 		}
@@ -766,9 +760,10 @@ func (s *RedisStore) cmdErr(err error) error {
 }
 
 // exec sends script calls in one pipeline and sets each one's command:
-// EVALSHA, the keys of all its calls, the clock, then the arguments of all
-// its calls.
-func (s *RedisStore) exec(ctx context.Context, groups []scriptCall) {
+// EVALSHA, the keys of all its calls, the clock, the rules they use (each
+// once), then per call its number of zones and per zone its rule's index
+// and its cost. See decide.lua.
+func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall) {
 	clock := "0"
 	if s.clock != nil {
 		clock = strconv.FormatInt(s.clock(), 10)
@@ -776,22 +771,35 @@ func (s *RedisStore) exec(ctx context.Context, groups []scriptCall) {
 	pipe := s.client.Pipeline()
 	for i := range groups {
 		g := &groups[i]
-		nkeys, nargs := 0, 0
+		rules := p.rules[:0]
+		nkeys := 0
 		for _, c := range g.calls {
 			nkeys += len(c.keys)
-			nargs += len(c.args)
+			for _, r := range c.rules {
+				if !slices.Contains(rules, r) {
+					rules = append(rules, r)
+				}
+			}
 		}
-		args := make([]any, 0, 4+nkeys+nargs)
+		args := make([]any, 0, 5+2*nkeys+len(g.calls)+5*len(rules)+nkeys)
 		args = append(args, "evalsha", g.script.Hash(), nkeys)
 		for _, c := range g.calls {
 			for _, k := range c.keys {
 				args = append(args, k)
 			}
 		}
-		args = append(args, clock)
-		for _, c := range g.calls {
-			args = append(args, c.args...)
+		args = append(args, clock, len(rules))
+		for _, r := range rules {
+			args = append(args, r.scriptArgs()...)
 		}
+		for _, c := range g.calls {
+			args = append(args, len(c.keys))
+			for z, r := range c.rules {
+				args = append(args, slices.Index(rules, r)+1, c.costs[z])
+			}
+		}
+		clear(rules)
+		p.rules = rules[:0]
 		g.cmd = redis.NewCmd(ctx, args...)
 		_ = pipe.Process(ctx, g.cmd)
 	}

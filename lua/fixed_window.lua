@@ -13,16 +13,16 @@ local W_BITS = 2097152 -- 2^21: one counter
 -- window's, the current one's, the microseconds into the current window,
 -- and the current window's index.
 local function win_unpack(key, window)
-  local w = math.floor(now / window)
+  local w = floor(now / window)
   local elapsed = now - w * window
-  local v = redis.call('GET', key)
+  local v = get(key)
   if not v then return 0, 0, elapsed, w end
   v = tonumber(v)
   -- A token or leaky bucket's state (a time x 1000, far above any packed
   -- counters): the zone changed algorithm; start afresh.
   if v >= 4503599627370496 then return 0, 0, elapsed, w end -- 2^52
-  local idx = math.floor(v / (W_BITS * W_BITS))
-  local prev = math.floor(v / W_BITS) % W_BITS
+  local idx = floor(v / (W_BITS * W_BITS))
+  local prev = floor(v / W_BITS) % W_BITS
   local curr = v % W_BITS
   if idx == w % 1024 then return prev, curr, elapsed, w end
   if idx == (w - 1) % 1024 then return curr, 0, elapsed, w end
@@ -30,7 +30,7 @@ local function win_unpack(key, window)
 end
 
 local function win_write(key, w, prev, curr, ttl_us)
-  redis.call('SET', key, string.format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), 'PX', ceil_div(ttl_us, 1000))
+  put(key, format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), ceil_div(ttl_us, 1000))
 end
 
 --@check
@@ -39,8 +39,8 @@ _, r1, r2 = win_unpack(key, p1)
 if cost > p2 then flag = 2 elseif r1 + cost <= p2 then flag = 1 else flag = 0 end
 
 --@commit
-win_write(key, math.floor(now / p1), 0, r1 + cost, p1 - r2)
+win_write(key, floor(now / p1), 0, r1 + cost, p1 - r2)
 
 --@refund
 local _, curr, elapsed, w = win_unpack(key, p1)
-if curr > 0 then win_write(key, w, 0, math.max(0, curr - cost), p1 - elapsed) end
+if curr > 0 then win_write(key, w, 0, max(0, curr - cost), p1 - elapsed) end

@@ -9,12 +9,12 @@
 
 --@helpers
 local function log_cost(member)
-  return tonumber(string.match(member, '^[^:]+:(%d+):')) or 1
+  return tonumber(match(member, '^[^:]+:(%d+):')) or 1
 end
 
 --@check
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now - p1)
-local items = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+call('ZREMRANGEBYSCORE', key, '-inf', now - p1)
+local items = call('ZRANGE', key, 0, -1, 'WITHSCORES')
 r1, r2, r3 = 0, 0, 0
 for j = 1, #items, 2 do r1 = r1 + log_cost(items[j]) end
 if #items > 0 then r3 = tonumber(items[#items]) + p1 - now end
@@ -35,21 +35,21 @@ else
 end
 
 --@commit
-local m = redis.call('ZCARD', key)
-local member = string.format('%d:%d:%d', now, cost, m)
-while redis.call('ZSCORE', key, member) do
+local m = call('ZCARD', key)
+local member = format('%d:%d:%d', now, cost, m)
+while call('ZSCORE', key, member) do
   m = m + 1
-  member = string.format('%d:%d:%d', now, cost, m)
+  member = format('%d:%d:%d', now, cost, m)
 end
-redis.call('ZADD', key, now, member)
-redis.call('PEXPIRE', key, ceil_div(p1, 1000))
+call('ZADD', key, now, member)
+call('PEXPIRE', key, ceil_div(p1, 1000))
 
 --@refund
 -- Remove the newest entry of this cost: the one the charge added.
-local items = redis.call('ZREVRANGE', key, 0, -1)
+local items = call('ZREVRANGE', key, 0, -1)
 for j = 1, #items do
   if log_cost(items[j]) == cost then
-    redis.call('ZREM', key, items[j])
+    call('ZREM', key, items[j])
     break
   end
 end

@@ -13,14 +13,14 @@ r1, r2, r3 = win_unpack(key, p1)
 if cost > p2 then
   flag = 2
 else
-  local wms = math.floor(p1 / 1000)
-  local ems = math.floor(r3 / 1000)
+  local wms = floor(p1 / 1000)
+  local ems = floor(r3 / 1000)
   if r1 * (wms - ems) + (r2 + cost) * wms <= p2 * wms then flag = 1 else flag = 0 end
 end
 
 --@commit
-win_write(key, math.floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
+win_write(key, floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
 
 --@refund
 local prev, curr, elapsed, w = win_unpack(key, p1)
-if curr > 0 then win_write(key, w, prev, math.max(0, curr - cost), 2 * p1 - elapsed) end
+if curr > 0 then win_write(key, w, prev, max(0, curr - cost), 2 * p1 - elapsed) end

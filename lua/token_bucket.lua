@@ -10,27 +10,26 @@
 --@helpers
 -- tb_debt returns the ticks the bucket owes at now, at most its capacity.
 local function tb_debt(key, denom, cap)
-  local v = redis.call('GET', key)
+  local v = get(key)
   if not v then return 0 end
-  local us = tonumber(string.sub(v, 1, -4)) or 0
-  local ticks = tonumber(string.sub(v, -3)) or 0
+  local us = tonumber(sub(v, 1, -4)) or 0
+  local ticks = tonumber(sub(v, -3)) or 0
   if ticks >= denom then -- written under a rule with a finer tick
-    us = us + math.floor(ticks / denom)
+    us = us + floor(ticks / denom)
     ticks = ticks % denom
   end
   if us < now or (us == now and ticks == 0) then return 0 end
-  if us - now > math.floor(cap / denom) then return cap end
-  return math.min((us - now) * denom + ticks, cap)
+  if us - now > floor(cap / denom) then return cap end
+  return min((us - now) * denom + ticks, cap)
 end
 
--- tb_write stores a debt of ticks at now, expiring when the bucket is full.
+-- tb_write stores (puts) a debt of ticks at now, expiring when the bucket is full.
 local function tb_write(key, denom, debt)
   if debt <= 0 then
-    redis.call('DEL', key)
+    put(key, false)
     return
   end
-  local state = string.format('%d%03d', now + math.floor(debt / denom), debt % denom)
-  redis.call('SET', key, state, 'PX', ceil_div(debt, denom * 1000))
+  put(key, format('%d%03d', now + floor(debt / denom), debt % denom), ceil_div(debt, denom * 1000))
 end
 
 --@check
