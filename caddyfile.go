@@ -45,6 +45,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	            insecure_skip_verify
 //	        }
 //	        pool_size  <n>
+//	        pipelines  <n>
 //	        dial_timeout <duration>
 //	        protocol   2|3
 //	        disable_identity
@@ -191,7 +192,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // redisSubdirectives lists the redis block's subdirectives, for errors.
 const redisSubdirectives = "address, cluster, sentinel, sentinel_username, sentinel_password, username, password, db, tls, " +
-	"pool_size, dial_timeout, timeout, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
+	"pool_size, pipelines, dial_timeout, timeout, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
 
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	start := *d
@@ -285,7 +286,7 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			default:
 				c.BreakerCooldown = caddy.Duration(dur)
 			}
-		case "pool_size", "breaker_failures", "deny_cache_size":
+		case "pool_size", "pipelines", "breaker_failures", "deny_cache_size":
 			n, err := strconv.ParseInt(arg, 10, 32)
 			if err != nil || n <= 0 {
 				return d.Errf("redis %s must be a positive integer, got %q", sub, arg)
@@ -293,6 +294,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			switch sub {
 			case "pool_size":
 				c.PoolSize = int(n)
+			case "pipelines":
+				c.Pipelines = int(n)
 			case "breaker_failures":
 				c.BreakerFailures = int(n)
 			default:

@@ -623,6 +623,17 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 5, `redis pool_size must be a positive integer, got "0"`},
+	{"bad pipelines", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			pipelines many
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis pipelines must be a positive integer, got "many"`},
 	{"bad dial timeout", `:80 {
 	rate_limit {
 		redis {
