@@ -8,8 +8,10 @@
 // Configurations: plain Caddy (respond "ok"), rate_limit on the memory
 // store and rate_limit on Redis; each with one hot key and with 100,000
 // random keys (header X-Key; the zone keys on {header.X-Key}), with a limit
-// nothing reaches, plus a hot key on which most requests are denied, and a
-// light-load pass (-latency-connections) for latency without queueing.
+// nothing reaches, plus the memory store on the random keys with `headers
+// none` (the handler's own cost, without writing five more response
+// fields), a hot key on which most requests are denied, and a light-load
+// pass (-latency-connections) for latency without queueing.
 //
 // It writes results.md, chart.svg and results.json into -out and prints the
 // table. It needs wrk and redis-server on PATH; all traffic stays on
@@ -55,6 +57,9 @@ type scenario struct {
 	Conns int
 	Ref   string // ID of the scenario whose plain run is the reference
 	Plain bool   // has a plain configuration of its own
+	// NoHeaders runs the memory store with `headers none`: the handler's
+	// own cost, without the five response fields' cost in net/http.
+	NoHeaders bool
 }
 
 type config struct {
@@ -151,7 +156,7 @@ func main() {
 	retries := flag.Int("retries", 2, "repeats of a disturbed run at most")
 	quietWait := flag.Duration("quiet-wait", 30*time.Second, "wait up to this long before each run for the machine to be quiet")
 	only := flag.String("only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
-	profile := flag.String("profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, deny, light); empty: none")
+	profile := flag.String("profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, bare, deny, light); empty: none")
 	flag.Parse()
 	if *rounds < 1 || *conns < 1 || *duration < time.Second {
 		fmt.Fprintln(os.Stderr, "bench: need -rounds >= 1, -connections >= 1, -duration >= 1s")
@@ -180,6 +185,7 @@ func main() {
 	b.scenarios = []*scenario{
 		{ID: "hot", Label: "hot key", Conns: *conns, Ref: "hot", Plain: true},
 		{ID: "keys", Label: kl, Keys: *keys, Conns: *conns, Ref: "keys", Plain: true},
+		{ID: "bare", Label: kl + ", headers none", Keys: *keys, Conns: *conns, Ref: "keys", NoHeaders: true},
 		{ID: "deny", Label: "hot key, most denied", Deny: true, Conns: *conns, Ref: "hot"},
 	}
 	if *latConns > 0 {
@@ -193,7 +199,7 @@ func main() {
 	}
 	for _, sc := range b.scenarios {
 		for _, st := range []string{"plain", "memory", "redis"} {
-			if st == "plain" && !sc.Plain {
+			if st == "plain" && !sc.Plain || st == "redis" && sc.NoHeaders {
 				continue
 			}
 			if len(want) > 0 && !want[st+"/"+sc.ID] {
@@ -302,6 +308,9 @@ func (b *bench) site(c config) string {
 	rule := allowRule
 	if c.Sc.Deny {
 		rule = denyRule
+	}
+	if c.Sc.NoHeaders {
+		redis += "\n\t\theaders none"
 	}
 	return fmt.Sprintf(`	rate_limit {
 		%s
