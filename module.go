@@ -158,8 +158,9 @@ type RedisConfig struct {
 	// deny a flood on them without asking Redis until a token can be
 	// there again (exact: tokens cannot appear sooner). Default: 65536.
 	DenyCacheSize int `json:"deny_cache_size,omitempty"`
-	// BreakerFailures is how many consecutive failed decisions open the
-	// circuit breaker, after which Redis is not called for
+	// BreakerFailures is how many consecutive failed round trips to Redis
+	// (however many decisions each carried) open the circuit breaker,
+	// after which Redis is not called for
 	// BreakerCooldown and every zone applies its failure policy at once.
 	// Default: 5.
 	BreakerFailures int `json:"breaker_failures,omitempty"`

@@ -65,8 +65,8 @@ type RedisOptions struct {
 	Pipelines int
 	// PoolSize is the most connections per server. Default Pipelines+2.
 	PoolSize int
-	// BreakerFailures is how many consecutive failed decisions open the
-	// circuit breaker. Default 5.
+	// BreakerFailures is how many consecutive failed round trips (however
+	// many decisions each carried) open the circuit breaker. Default 5.
 	BreakerFailures int
 	// BreakerCooldown is how long an open breaker keeps decisions away
 	// from Redis before one probe may close it. Default 1s.
@@ -115,6 +115,9 @@ type RedisStore struct {
 	breaker *Breaker
 	// errTimeout is the error of a decision that ran out of time.
 	errTimeout error
+	// trips numbers the round trips; lastFailedTrip is the last one
+	// counted as a failure by the breaker.
+	trips, lastFailedTrip atomic.Uint64
 
 	queue  chan *call
 	stop   chan struct{}
@@ -131,6 +134,10 @@ type call struct {
 	reply  []any
 	err    error
 	done   chan struct{}
+
+	// trip numbers the round trip that carried the call (0 until one
+	// does), for the circuit breaker.
+	trip atomic.Uint64
 
 	// For calls from the pool (see decideOne): who is done with it last
 	// returns it. 0 pending, 1 delivered to a waiting caller, 2 abandoned
@@ -159,6 +166,7 @@ func putCall(c *call) {
 	clear(c.rules)
 	c.keys, c.rules, c.costs, c.reply, c.err, c.script = c.keys[:0], c.rules[:0], c.costs[:0], nil, nil, nil
 	c.state.Store(0)
+	c.trip.Store(0)
 	callPool.Put(c)
 }
 
@@ -291,7 +299,7 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 	if !s.breaker.Allow() {
 		return false, ErrBreakerOpen
 	}
-	ok, err := s.decide(ctx, reqs, results)
+	ok, trip, err := s.decide(ctx, reqs, results)
 	var refused *requestError
 	switch {
 	case err == nil:
@@ -299,10 +307,31 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 	case errors.Is(err, context.Canceled): // a client that left is not Redis' fault
 	case errors.As(err, &refused): // Redis answered: it is up
 		s.breaker.Success()
-	default:
+	case s.firstReport(trip), s.breaker.State() == BreakerHalfOpen:
+		// The breaker counts failed round trips, not the decisions they
+		// carried, so that one slow round trip of many decisions does not
+		// open it; a decision that timed out waiting for a round trip
+		// leaves the count to that round trip. A probe's failure always
+		// counts.
 		s.breaker.Failure()
 	}
 	return ok, err
+}
+
+// firstReport reports whether trip is a failed round trip newer than any
+// reported before: each counts once, and a late report of an older one not
+// at all.
+func (s *RedisStore) firstReport(trip uint64) bool {
+	for trip != 0 {
+		last := s.lastFailedTrip.Load()
+		if trip <= last {
+			return false
+		}
+		if s.lastFailedTrip.CompareAndSwap(last, trip) {
+			return true
+		}
+	}
+	return false
 }
 
 // requestError is the error of one request of a batch whose commands
@@ -314,19 +343,25 @@ type requestError struct{ err error }
 func (e *requestError) Error() string { return "redis: " + e.err.Error() }
 func (e *requestError) Unwrap() error { return e.err }
 
-func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+// decide returns the decision, and with an error the round trip that
+// failed (0: none did, the decision ran out of time waiting for one).
+func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, uint64, error) {
 	if !s.cluster || len(reqs) == 1 {
 		return s.decideOne(ctx, reqs, results)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.decideBySlot(ctx, reqs, results)
+	ok, err := s.decideBySlot(ctx, reqs, results)
+	if err != nil {
+		return ok, s.trips.Add(1), err // several round trips: count it as one more
+	}
+	return ok, 0, nil
 }
 
 // decideOne decides a request in one script call: the common path, so it
 // recycles its call (channel, timer, slices) and bounds the wait with the
 // call's own timer rather than a new context per decision.
-func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Result) (bool, uint64, error) {
 	c := callPool.Get().(*call)
 	s.fill(c, s.script, reqs, nil)
 	if c.timer == nil {
@@ -338,11 +373,11 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 	case s.queue <- c:
 	case <-c.timer.C:
 		putCall(c)
-		return false, s.errTimeout
+		return false, 0, s.errTimeout
 	case <-ctx.Done():
 		c.timer.Stop()
 		putCall(c)
-		return false, ctx.Err()
+		return false, 0, ctx.Err()
 	}
 	var gaveUp error
 	select {
@@ -355,16 +390,18 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 		gaveUp = ctx.Err()
 	}
 	if gaveUp != nil {
+		trip := c.trip.Load() // before the call may go back to the pool
 		if c.state.CompareAndSwap(0, 2) {
-			return false, gaveUp // the worker returns the call to the pool
+			return false, trip, gaveUp // the worker returns the call to the pool
 		}
 		<-c.done // delivered as we gave up: use it
 	}
 	defer putCall(c)
 	if c.err != nil {
-		return false, c.err
+		return false, c.trip.Load(), c.err
 	}
-	return decodeReply(c.reply, reqs, results)
+	ok, err := decodeReply(c.reply, reqs, results)
+	return ok, 0, err
 }
 
 // decideBySlot decides a request whose zones' buckets may sit on several
@@ -659,6 +696,24 @@ func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
 func (s *RedisStore) run(p *pipeline, batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
+	// Calls whose callers gave up waiting in the queue are not sent: their
+	// requests already took the failure policy.
+	live := batch[:0]
+	for _, c := range batch {
+		if c.pooled && c.state.Load() == 2 {
+			putCall(c)
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	batch = live
+	trip := s.trips.Add(1)
+	for _, c := range batch {
+		c.trip.Store(trip)
+	}
 	groups := s.group(p, batch)
 	s.exec(ctx, p, groups)
 	var again []scriptCall

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,8 +13,11 @@ import (
 
 // BenchmarkRedisDecide measures a decision through the pipelined Redis
 // store from many goroutines at once (as Caddy's connections do): the
-// client-side cost per decision, its allocations, and the round trips that
-// concurrent decisions share (reported as decisions per round trip).
+// client-side cost per decision, its allocations, the round trips and
+// script calls that concurrent decisions share (decisions/roundtrip,
+// decisions/evalsha), and Redis' own time per decision (redis-us/decision,
+// from INFO commandstats: EVALSHA's time over the decisions). Redis runs on
+// the same CPUs as the benchmark, so its time includes waiting for them.
 func BenchmarkRedisDecide(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, keys := range []int{1, 100_000} {
@@ -41,8 +45,33 @@ func BenchmarkRedisDecide(b *testing.B) {
 			if reads > 0 {
 				b.ReportMetric(float64(n.Load())/float64(reads), "decisions/roundtrip")
 			}
+			if calls, usec := evalshaStats(srv.MustDo("INFO", "commandstats")); calls > 0 {
+				b.ReportMetric(float64(n.Load())/float64(calls), "decisions/evalsha")
+				b.ReportMetric(float64(usec)/float64(n.Load()), "redis-us/decision")
+			}
 		})
 	}
+}
+
+// evalshaStats returns EVALSHA's calls and microseconds from INFO
+// commandstats.
+func evalshaStats(info string) (calls, usec int64) {
+	for _, line := range splitLines(info) {
+		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return calls, usec
 }
 
 func infoField(info, name string) int64 {

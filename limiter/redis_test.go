@@ -489,6 +489,57 @@ func commandStats(t *testing.T, srv *redistest.Server) map[string]int64 {
 	return calls
 }
 
+// TestRedisBreakerCountsRoundTrips stalls Redis for a little longer than
+// the timeout while many decisions are waiting: the decisions that fail
+// were carried by at most two round trips, so a breaker that opens after
+// three failures stays closed; a longer hang opens it.
+func TestRedisBreakerCountsRoundTrips(t *testing.T) {
+	// Not parallel: it times a stall against the timeout.
+	srv := redistest.Start(t)
+	const timeout = 100 * time.Millisecond
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, BreakerFailures: 3})
+	r := mustRule(t, "stall", 1000, time.Second, 0)
+	decideOne(t, rs, r, "warm", 1)
+	decideAll := func(n int) (failed int64) {
+		var wg sync.WaitGroup
+		var f atomic.Int64
+		for i := range n {
+			wg.Go(func() {
+				reqs := []Request{{Rule: r, Key: "k" + strconv.Itoa(i), Cost: 1}}
+				if _, err := rs.Decide(context.Background(), reqs, make([]Result, 1)); err != nil {
+					f.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return f.Load()
+	}
+	srv.Pause()
+	go func() {
+		time.Sleep(timeout + timeout/2)
+		srv.Resume()
+	}()
+	if failed := decideAll(40); failed == 0 {
+		t.Fatal("no decision failed while Redis stalled past the timeout")
+	}
+	time.Sleep(timeout) // the stall is over
+	if n := rs.Breaker().Opened(); n != 0 {
+		t.Fatalf("one stall of %s opened the breaker (%d times)", timeout+timeout/2, n)
+	}
+	if failed := decideAll(10); failed != 0 {
+		t.Fatalf("%d decisions failed after the stall", failed)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	deadline := time.Now().Add(2 * time.Second)
+	for rs.Breaker().Opened() == 0 && time.Now().Before(deadline) {
+		decideAll(10)
+	}
+	if rs.Breaker().Opened() == 0 {
+		t.Fatal("Redis hung for 2s and the breaker did not open")
+	}
+}
+
 // TestRedisTimeout pauses Redis: decisions fail with ErrStoreTimeout
 // within the timeout and a small margin, and succeed again once it resumes.
 func TestRedisTimeout(t *testing.T) {
