@@ -360,8 +360,13 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 
 // decideOne decides a request in one script call: the common path, so it
 // recycles its call (channel, timer, slices) and bounds the wait with the
-// call's own timer rather than a new context per decision.
+// call's own timer rather than a new context per decision. It looks at ctx
+// only before it starts: a request whose client leaves meanwhile waits at
+// most the timeout, and watching ctx would cost every decision a channel.
 func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Result) (bool, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return false, 0, err
+	}
 	c := callPool.Get().(*call)
 	s.fill(c, s.script, reqs, nil)
 	if c.timer == nil {
@@ -371,13 +376,13 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 	}
 	select {
 	case s.queue <- c:
-	case <-c.timer.C:
-		putCall(c)
-		return false, 0, s.errTimeout
-	case <-ctx.Done():
-		c.timer.Stop()
-		putCall(c)
-		return false, 0, ctx.Err()
+	default: // the queue is full: wait for room, within the timeout
+		select {
+		case s.queue <- c:
+		case <-c.timer.C:
+			putCall(c)
+			return false, 0, s.errTimeout
+		}
 	}
 	var gaveUp error
 	select {
@@ -385,9 +390,6 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 		c.timer.Stop()
 	case <-c.timer.C:
 		gaveUp = s.errTimeout
-	case <-ctx.Done():
-		c.timer.Stop()
-		gaveUp = ctx.Err()
 	}
 	if gaveUp != nil {
 		trip := c.trip.Load() // before the call may go back to the pool
