@@ -244,5 +244,5 @@ func TestRedisTLSAndACL(t *testing.T) {
 
 // aclRules is the README's ACL line for the module's Redis user.
 const aclRules = "resetkeys ~rl:* resetchannels -@all +evalsha +eval +script|load +ping +hello +auth " +
-	"+time +get +mget +set +del +pexpire +zadd +zrange +zrevrange +zremrangebyscore +zcard +zscore +zrem " +
+	"+time +mget +set +del +pexpire +zadd +zrange +zrevrange +zremrangebyscore +zcard +zscore +zrem " +
 	"+hincrby +expire +hgetall +zrangebyscore"
