@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,8 +16,8 @@ import (
 )
 
 // caddyProc is one Caddy process serving one site on a loopback port. The
-// admin endpoint is off unless a profile is wanted, and everything Caddy
-// prints goes to a log file.
+// admin endpoint is off unless a profile or the metrics are wanted, and
+// everything Caddy prints goes to a log file.
 type caddyProc struct {
 	URL   string
 	Admin string // host:port of the admin endpoint, when enabled
@@ -133,4 +134,37 @@ func (c *caddyProc) storeFailures(offset int64) (warnings int, total int64, firs
 		}
 	}
 	return warnings, total, first
+}
+
+// storeDecisions returns how many decisions Caddy has sent to the shared
+// store: the count of the caddy_rate_limit_store_duration_seconds
+// histogram, summed over its series, from the admin endpoint's /metrics.
+func storeDecisions(admin string) (int64, error) {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	var n int64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "caddy_rate_limit_store_duration_seconds_count") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		n += int64(v)
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return n, nil // 0 when there is no series yet
 }

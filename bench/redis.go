@@ -16,7 +16,6 @@ type redisInfo struct {
 	OtherCalls int64
 	Other      map[string]int64
 	Reads      int64   // total_reads_processed: read events, one per round trip
-	Lookups    int64   // keyspace_hits + keyspace_misses: keys read
 	CPU        float64 // used_cpu_user + used_cpu_sys, seconds
 	UsedMemory int64
 }
@@ -55,9 +54,6 @@ func readRedisInfo(r *redistest.Server) (redisInfo, error) {
 					in.EvalshaUsec, _ = strconv.ParseInt(val, 10, 64)
 				}
 			}
-		case "keyspace_hits", "keyspace_misses":
-			n, _ := strconv.ParseInt(v, 10, 64)
-			in.Lookups += n
 		case "total_reads_processed":
 			in.Reads, _ = strconv.ParseInt(v, 10, 64)
 		case "used_cpu_user", "used_cpu_sys":

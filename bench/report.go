@@ -312,8 +312,8 @@ func (r *report) header() string {
 	fmt.Fprintf(&b, "- Rules: nothing denied `rate 1000 1h burst 100000000` (every bucket lives for the whole run); most denied "+
 		"`rate 100 1s`. Zone key `{header.X-Key}`; wrk sends `X-Key: hot`, or one of the keys at random.\n")
 	fmt.Fprintf(&b, "- Redis: server time per decision from INFO commandstats after CONFIG RESETSTAT: `cmdstat_evalsha` usec over "+
-		"the decisions Redis made, which are the keys the scripts read (`keyspace_hits` + `keyspace_misses`: one per decision; the "+
-		"decisions waiting together share one EVALSHA and its MGET); "+
+		"the decisions sent to Redis, from Caddy's metrics (the count of `caddy_rate_limit_store_duration_seconds`; the "+
+		"decisions waiting together share one EVALSHA); "+
 		"round trips from the `total_reads_processed` delta (one read event per pipeline round trip) over requests; CPU from "+
 		"`used_cpu_user` + `used_cpu_sys`; bytes per bucket: `used_memory` from the emptied database to the end of the run "+
 		"(Caddy stopped, so no client buffers) over DBSIZE, and MEMORY USAGE of one bucket.\n")

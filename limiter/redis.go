@@ -641,6 +641,9 @@ type pipeline struct {
 	groups []scriptCall
 	slots  map[int]int // Cluster: slot to index in groups
 	rules  []*Rule     // a script call's distinct rules
+	keys   []string    // a script call's distinct buckets
+	// buckets maps a script call's buckets to their index in keys, from 1.
+	buckets map[string]int
 }
 
 // group sorts a batch into script calls: the decisions into one (per slot
@@ -819,33 +822,39 @@ func (s *RedisStore) cmdErr(err error) error {
 }
 
 // exec sends script calls in one pipeline and sets each one's command:
-// EVALSHA, the keys of all its calls, the clock, the rules they use (each
-// once), then per call its number of zones and per zone its rule's index
-// and its cost. See decide.lua.
+// EVALSHA, the distinct buckets of all its calls, the clock, the rules they
+// use (each once), then per call its number of zones and per zone its
+// rule's index, its bucket's index and its cost. See decide.lua.
 func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall) {
 	clock := "0"
 	if s.clock != nil {
 		clock = strconv.FormatInt(s.clock(), 10)
 	}
+	if p.buckets == nil {
+		p.buckets = make(map[string]int)
+	}
 	pipe := s.client.Pipeline()
 	for i := range groups {
 		g := &groups[i]
-		rules := p.rules[:0]
-		nkeys := 0
+		rules, keys := p.rules[:0], p.keys[:0]
+		clear(p.buckets)
+		nzones := 0
 		for _, c := range g.calls {
-			nkeys += len(c.keys)
-			for _, r := range c.rules {
+			nzones += len(c.keys)
+			for z, r := range c.rules {
 				if !slices.Contains(rules, r) {
 					rules = append(rules, r)
 				}
+				if _, ok := p.buckets[c.keys[z]]; !ok {
+					keys = append(keys, c.keys[z])
+					p.buckets[c.keys[z]] = len(keys)
+				}
 			}
 		}
-		args := make([]any, 0, 5+2*nkeys+len(g.calls)+5*len(rules)+nkeys)
-		args = append(args, "evalsha", g.script.Hash(), nkeys)
-		for _, c := range g.calls {
-			for _, k := range c.keys {
-				args = append(args, k)
-			}
+		args := make([]any, 0, 5+len(keys)+5*len(rules)+len(g.calls)+3*nzones)
+		args = append(args, "evalsha", g.script.Hash(), len(keys))
+		for _, k := range keys {
+			args = append(args, k)
 		}
 		args = append(args, clock, len(rules))
 		for _, r := range rules {
@@ -854,11 +863,12 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 		for _, c := range g.calls {
 			args = append(args, len(c.keys))
 			for z, r := range c.rules {
-				args = append(args, slices.Index(rules, r)+1, c.costs[z])
+				args = append(args, slices.Index(rules, r)+1, p.buckets[c.keys[z]], c.costs[z])
 			}
 		}
 		clear(rules)
-		p.rules = rules[:0]
+		clear(keys)
+		p.rules, p.keys = rules[:0], keys[:0]
 		g.cmd = redis.NewCmd(ctx, args...)
 		_ = pipe.Process(ctx, g.cmd)
 	}

@@ -15,8 +15,9 @@
 --                  window, 3 sliding log, 4 leaky bucket) and four
 --                  parameters p1..p4
 -- then per request its number of zones n, then per zone the index of its
---                  rule (from 1) and its cost
--- KEYS             the zones' buckets, request after request
+--                  rule, the index of its bucket in KEYS (both from 1) and
+--                  its cost
+-- KEYS             the buckets of the batch, each once
 --
 -- Returns, request after request, {admitted (1|0), then four numbers per
 -- zone: flag (1 admits, 0 denies, 2 never can) and three the zone's
@@ -32,19 +33,19 @@ for i = 1, nrules do
 end
 
 local reply = {}
-local zrule, zcost = {}, {} -- the current request's zones
+local zrule, zbucket, zcost = {}, {}, {} -- the current request's zones
 
--- one decides the request of n zones whose keys start at KEYS[k] and
--- arguments at ARGV[a], with its reply from reply[o]. A function so that
--- pcall can confine a failing request's error to that request.
-local function one(n, k, a, o)
+-- one decides the request of n zones whose arguments start at ARGV[a],
+-- with its reply from reply[o]. A function so that pcall can confine a
+-- failing request's error to that request.
+local function one(n, a, o)
   reply[o] = 1
   for i = 0, n - 1 do
-    local rule = rules[tonumber(ARGV[a + 2 * i])]
-    local cost = tonumber(ARGV[a + 2 * i + 1])
-    zrule[i], zcost[i] = rule, cost
+    local b = a + 3 * i
+    local rule, ki, cost = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    zrule[i], zbucket[i], zcost[i] = rule, ki, cost
     local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
-    local key = KEYS[k + i]
+    local key = KEYS[ki]
     local flag, r1, r2, r3 = 0, 0, 0, 0
     --@dispatch check
     if flag ~= 1 then reply[o] = 0 end
@@ -55,9 +56,9 @@ local function one(n, k, a, o)
   for i = 0, n - 1 do
     local cost = zcost[i]
     if cost > 0 then
-      local rule = zrule[i]
+      local rule, ki = zrule[i], zbucket[i]
       local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
-      local key = KEYS[k + i]
+      local key = KEYS[ki]
       local c = o + 1 + i * 4
       local r1, r2, r3 = reply[c + 1], reply[c + 2], reply[c + 3]
       --@dispatch commit
@@ -65,17 +66,17 @@ local function one(n, k, a, o)
   end
 end
 
-local k, a, o = 1, 3 + 5 * nrules, 1
+local a, o = 3 + 5 * nrules, 1
 local nargs = #ARGV
 while a <= nargs do
   local n = tonumber(ARGV[a])
-  local ok, err = pcall(one, n, k, a + 1, o)
+  local ok, err = pcall(one, n, a + 1, o)
   if not ok then
     if type(err) ~= 'table' then err = {err = tostring(err)} end
     reply[o] = err
     for j = o + 1, o + 4 * n do reply[j] = 0 end
   end
-  k, a, o = k + n, a + 1 + 2 * n, o + 1 + 4 * n
+  a, o = a + 1 + 3 * n, o + 1 + 4 * n
 end
 flush()
 return reply

@@ -12,10 +12,10 @@ local W_BITS = 2097152 -- 2^21: one counter
 -- win_unpack returns a window state's counts as seen now: the previous
 -- window's, the current one's, the microseconds into the current window,
 -- and the current window's index.
-local function win_unpack(key, window)
+local function win_unpack(ki, window)
   local w = floor(now / window)
   local elapsed = now - w * window
-  local v = get(key)
+  local v = get(ki)
   if not v then return 0, 0, elapsed, w end
   v = tonumber(v)
   -- A token or leaky bucket's state (a time x 1000, far above any packed
@@ -29,18 +29,18 @@ local function win_unpack(key, window)
   return 0, 0, elapsed, w
 end
 
-local function win_write(key, w, prev, curr, ttl_us)
-  put(key, format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), ceil_div(ttl_us, 1000))
+local function win_write(ki, w, prev, curr, ttl_us)
+  put(ki, format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), ceil_div(ttl_us, 1000))
 end
 
 --@check
 local _
-_, r1, r2 = win_unpack(key, p1)
+_, r1, r2 = win_unpack(ki, p1)
 if cost > p2 then flag = 2 elseif r1 + cost <= p2 then flag = 1 else flag = 0 end
 
 --@commit
-win_write(key, floor(now / p1), 0, r1 + cost, p1 - r2)
+win_write(ki, floor(now / p1), 0, r1 + cost, p1 - r2)
 
 --@refund
-local _, curr, elapsed, w = win_unpack(key, p1)
-if curr > 0 then win_write(key, w, 0, max(0, curr - cost), p1 - elapsed) end
+local _, curr, elapsed, w = win_unpack(ki, p1)
+if curr > 0 then win_write(ki, w, 0, max(0, curr - cost), p1 - elapsed) end

@@ -8,7 +8,7 @@
 
 --@check
 local cap = p3 * p2
-r1 = tb_debt(key, p1, cap)
+r1 = tb_debt(ki, p1, cap)
 if cost > p3 then
   flag, r2 = 2, r1
 else
@@ -17,7 +17,7 @@ else
 end
 
 --@commit
-tb_write(key, p1, r2)
+tb_write(ki, p1, r2)
 
 --@refund
-tb_write(key, p1, tb_debt(key, p1, p3 * p2) - cost * p2)
+tb_write(ki, p1, tb_debt(ki, p1, p3 * p2) - cost * p2)

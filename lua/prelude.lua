@@ -32,38 +32,40 @@ end
 -- all at once when the call starts (one MGET, cheaper than a GET per
 -- bucket) and written when it ends (flush), each once however many
 -- requests of the batch used it, with its last value and time to live. The
--- call is atomic, so no one sees the values in between. A bucket key that
--- holds another type reads as empty and is overwritten.
-local cached, ttl = {}, {}
-do
-  local n = #KEYS
-  for first = 1, n, 1000 do
-    local last = min(first + 999, n)
-    local vals = call('MGET', unpack(KEYS, first, last))
-    for i = first, last do cached[KEYS[i]] = vals[i - first + 1] end
+-- call is atomic, so no one sees the values in between. KEYS holds each
+-- bucket once; the helpers name a bucket by its index ki in KEYS. A bucket
+-- key that holds another type reads as empty and is overwritten.
+local vals, ttl
+if #KEYS <= 1000 then
+  vals = call('MGET', unpack(KEYS))
+else -- unpack has a limit
+  vals = {}
+  for first = 1, #KEYS, 1000 do
+    local last = min(first + 999, #KEYS)
+    local got = call('MGET', unpack(KEYS, first, last))
+    for i = first, last do vals[i] = got[i - first + 1] end
   end
 end
+ttl = {}
 
 -- get returns a bucket's value, or false when it has none.
-local function get(key)
-  return cached[key]
+local function get(ki)
+  return vals[ki]
 end
 
 -- put sets a bucket's value with a time to live in milliseconds, or
 -- deletes it (v false).
-local function put(key, v, px)
-  cached[key], ttl[key] = v, px or 0
+local function put(ki, v, px)
+  vals[ki], ttl[ki] = v, px or 0
 end
 
 -- flush writes what put changed.
 local function flush()
-  for i = 1, #KEYS do
-    local key = KEYS[i]
-    local px = ttl[key]
+  for ki = 1, #KEYS do
+    local px = ttl[ki]
     if px then
-      local v = cached[key]
-      if v then call('SET', key, v, 'PX', px) else call('DEL', key) end
-      ttl[key] = nil
+      local v = vals[ki]
+      if v then call('SET', KEYS[ki], v, 'PX', px) else call('DEL', KEYS[ki]) end
     end
   end
 end

@@ -5,15 +5,16 @@
 
 local nrules = tonumber(ARGV[2])
 local refunded = 0
-local a = 3 + 5 * nrules + 1 -- past the rules and the number of zones
-for i = 1, #KEYS do
-  local b = a + (i - 1) * 2
-  local cost = tonumber(ARGV[b + 1])
+local a = 3 + 5 * nrules -- the number of zones
+for i = 1, tonumber(ARGV[a]) do
+  local b = a + 1 + (i - 1) * 3
+  local cost = tonumber(ARGV[b + 2])
   if cost > 0 then
     local r = 3 + (tonumber(ARGV[b]) - 1) * 5
     local alg = tonumber(ARGV[r])
     local p1, p2, p3, p4 = tonumber(ARGV[r + 1]), tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]), tonumber(ARGV[r + 4])
-    local key = KEYS[i]
+    local ki = tonumber(ARGV[b + 1])
+    local key = KEYS[ki]
     --@dispatch refund
     refunded = refunded + 1
   end

@@ -9,7 +9,7 @@
 -- microseconds into the current window.
 
 --@check
-r1, r2, r3 = win_unpack(key, p1)
+r1, r2, r3 = win_unpack(ki, p1)
 if cost > p2 then
   flag = 2
 else
@@ -19,8 +19,8 @@ else
 end
 
 --@commit
-win_write(key, floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
+win_write(ki, floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
 
 --@refund
-local prev, curr, elapsed, w = win_unpack(key, p1)
-if curr > 0 then win_write(key, w, prev, max(0, curr - cost), 2 * p1 - elapsed) end
+local prev, curr, elapsed, w = win_unpack(ki, p1)
+if curr > 0 then win_write(ki, w, prev, max(0, curr - cost), 2 * p1 - elapsed) end

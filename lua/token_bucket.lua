@@ -9,8 +9,8 @@
 
 --@helpers
 -- tb_debt returns the ticks the bucket owes at now, at most its capacity.
-local function tb_debt(key, denom, cap)
-  local v = get(key)
+local function tb_debt(ki, denom, cap)
+  local v = get(ki)
   if not v then return 0 end
   local us = tonumber(sub(v, 1, -4)) or 0
   local ticks = tonumber(sub(v, -3)) or 0
@@ -24,17 +24,17 @@ local function tb_debt(key, denom, cap)
 end
 
 -- tb_write stores (puts) a debt of ticks at now, expiring when the bucket is full.
-local function tb_write(key, denom, debt)
+local function tb_write(ki, denom, debt)
   if debt <= 0 then
-    put(key, false)
+    put(ki, false)
     return
   end
-  put(key, format('%d%03d', now + floor(debt / denom), debt % denom), ceil_div(debt, denom * 1000))
+  put(ki, format('%d%03d', now + floor(debt / denom), debt % denom), ceil_div(debt, denom * 1000))
 end
 
 --@check
 local cap = p3 * p2
-r1 = tb_debt(key, p1, cap)
+r1 = tb_debt(ki, p1, cap)
 if cost > p3 then
   flag, r2 = 2, r1
 else
@@ -43,7 +43,7 @@ else
 end
 
 --@commit
-tb_write(key, p1, r2)
+tb_write(ki, p1, r2)
 
 --@refund
-tb_write(key, p1, tb_debt(key, p1, p3 * p2) - cost * p2)
+tb_write(ki, p1, tb_debt(ki, p1, p3 * p2) - cost * p2)
