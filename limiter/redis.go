@@ -644,6 +644,9 @@ type pipeline struct {
 	keys   []string    // a script call's distinct buckets
 	// buckets maps a script call's buckets to their index in keys, from 1.
 	buckets map[string]int
+	// zones holds, per zone of the script call's calls in order, the index
+	// of its rule and of its bucket (from 1).
+	zones []int
 }
 
 // group sorts a batch into script calls: the decisions into one (per slot
@@ -836,22 +839,25 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 	pipe := s.client.Pipeline()
 	for i := range groups {
 		g := &groups[i]
-		rules, keys := p.rules[:0], p.keys[:0]
+		rules, keys, zones := p.rules[:0], p.keys[:0], p.zones[:0]
 		clear(p.buckets)
-		nzones := 0
 		for _, c := range g.calls {
-			nzones += len(c.keys)
 			for z, r := range c.rules {
-				if !slices.Contains(rules, r) {
+				ri := slices.Index(rules, r)
+				if ri < 0 {
 					rules = append(rules, r)
+					ri = len(rules) - 1
 				}
-				if _, ok := p.buckets[c.keys[z]]; !ok {
+				ki, ok := p.buckets[c.keys[z]]
+				if !ok {
 					keys = append(keys, c.keys[z])
-					p.buckets[c.keys[z]] = len(keys)
+					ki = len(keys)
+					p.buckets[c.keys[z]] = ki
 				}
+				zones = append(zones, ri+1, ki)
 			}
 		}
-		args := make([]any, 0, 5+len(keys)+5*len(rules)+len(g.calls)+3*nzones)
+		args := make([]any, 0, 5+len(keys)+5*len(rules)+len(g.calls)+3*len(zones)/2)
 		args = append(args, "evalsha", g.script.Hash(), len(keys))
 		for _, k := range keys {
 			args = append(args, k)
@@ -860,15 +866,17 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 		for _, r := range rules {
 			args = append(args, r.scriptArgs()...)
 		}
+		next := zones
 		for _, c := range g.calls {
 			args = append(args, len(c.keys))
-			for z, r := range c.rules {
-				args = append(args, slices.Index(rules, r)+1, p.buckets[c.keys[z]], c.costs[z])
+			for _, cost := range c.costs {
+				args = append(args, next[0], next[1], cost)
+				next = next[2:]
 			}
 		}
 		clear(rules)
 		clear(keys)
-		p.rules, p.keys = rules[:0], keys[:0]
+		p.rules, p.keys, p.zones = rules[:0], keys[:0], zones[:0]
 		g.cmd = redis.NewCmd(ctx, args...)
 		_ = pipe.Process(ctx, g.cmd)
 	}

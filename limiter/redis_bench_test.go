@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,33 +44,12 @@ func BenchmarkRedisDecide(b *testing.B) {
 			if reads > 0 {
 				b.ReportMetric(float64(n.Load())/float64(reads), "decisions/roundtrip")
 			}
-			if calls, usec := evalshaStats(srv.MustDo("INFO", "commandstats")); calls > 0 {
-				b.ReportMetric(float64(n.Load())/float64(calls), "decisions/evalsha")
-				b.ReportMetric(float64(usec)/float64(n.Load()), "redis-us/decision")
+			if st := commandStats(srv)["evalsha"]; st.calls > 0 {
+				b.ReportMetric(float64(n.Load())/float64(st.calls), "decisions/evalsha")
+				b.ReportMetric(float64(st.usec)/float64(n.Load()), "redis-us/decision")
 			}
 		})
 	}
-}
-
-// evalshaStats returns EVALSHA's calls and microseconds from INFO
-// commandstats.
-func evalshaStats(info string) (calls, usec int64) {
-	for _, line := range splitLines(info) {
-		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		for f := range strings.SplitSeq(rest, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
-	}
-	return calls, usec
 }
 
 func infoField(info, name string) int64 {

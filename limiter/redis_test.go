@@ -466,27 +466,41 @@ func TestRedisBatchesDecisions(t *testing.T) {
 	if typ := srv.MustDo("TYPE", rs.Key(r.Bucket, "client-1")); typ != "string" {
 		t.Errorf("the bucket key that held a hash is now a %s", typ)
 	}
-	stats := commandStats(t, srv)
+	stats := commandStats(srv)
+	evalsha, mget := stats["evalsha"].calls, stats["mget"].calls
 	decisions := int64(workers * each)
-	if stats["evalsha"] >= decisions || stats["mget"] != stats["evalsha"] {
-		t.Errorf("%d EVALSHA (%d MGET) for %d concurrent decisions: want fewer, one MGET each", stats["evalsha"], stats["mget"], decisions)
+	if evalsha >= decisions || mget != evalsha {
+		t.Errorf("%d EVALSHA (%d MGET) for %d concurrent decisions: want fewer, one MGET each", evalsha, mget, decisions)
 	}
-	t.Logf("%d decisions in %d EVALSHA", decisions, stats["evalsha"])
+	t.Logf("%d decisions in %d EVALSHA", decisions, evalsha)
 }
 
-// commandStats returns the calls per command since CONFIG RESETSTAT.
-func commandStats(t *testing.T, srv *redistest.Server) map[string]int64 {
-	t.Helper()
-	calls := map[string]int64{}
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct{ calls, usec int64 }
+
+// commandStats returns the calls and time per command since CONFIG
+// RESETSTAT, by command name.
+func commandStats(srv *redistest.Server) map[string]cmdStat {
+	stats := map[string]cmdStat{}
 	for line := range strings.SplitSeq(srv.MustDo("INFO", "commandstats"), "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
 			continue
 		}
-		n, _, _ := strings.Cut(rest, ",")
-		calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
+		var st cmdStat
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		stats[name] = st
 	}
-	return calls
+	return stats
 }
 
 // TestRedisBreakerCountsRoundTrips stalls Redis for a little longer than
