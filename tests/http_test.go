@@ -3,6 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -466,14 +467,27 @@ func TestRedisTimeoutFailsOpenWithinTimeout(t *testing.T) {
 		t.Errorf("a request took %s with a 40ms timeout", worst)
 	}
 	// The key Redis denied stays denied without Redis: its token cannot be
-	// back before an hour, and this node's deny cache knows it.
-	t0 := time.Now()
-	resp := n.get("/", "X-Key: known")
-	if retry, _ := strconv.Atoi(resp.Header.Get("Retry-After")); resp.Status != 429 || retry < 3590 || retry > 3600 {
-		t.Fatalf("denied key with redis hung: %d Retry-After %q, want 429 from the deny cache with about an hour to wait", resp.Status, resp.Header.Get("Retry-After"))
+	// back before an hour, and this node's deny cache knows it. A denial
+	// that asked Redis would have failed open (200) on the timeout or the
+	// open breaker, so the 429 shows it did not wait for Redis; the time
+	// is bounded too, generously (timeout + 50% + 20ms at the 95th
+	// percentile of 20 requests), so that a busy machine cannot fail it.
+	var cached []time.Duration
+	for range 20 {
+		t0 := time.Now()
+		resp := n.get("/", "X-Key: known")
+		cached = append(cached, time.Since(t0))
+		if retry, _ := strconv.Atoi(resp.Header.Get("Retry-After")); resp.Status != 429 || retry < 3590 || retry > 3600 {
+			t.Fatalf("denied key with redis hung: %d Retry-After %q, want 429 from the deny cache with about an hour to wait", resp.Status, resp.Header.Get("Retry-After"))
+		}
 	}
-	if d := time.Since(t0); d > 30*time.Millisecond {
-		t.Errorf("the cached denial took %s: it must not wait for Redis", d)
+	slices.Sort(cached)
+	const timeout = 40 * time.Millisecond
+	bound := timeout + timeout/2 + 20*time.Millisecond
+	p95 := cached[len(cached)*95/100-1]
+	t.Logf("cached denials with redis hung: median %s, p95 %s, max %s (bound %s)", cached[len(cached)/2], p95, cached[len(cached)-1], bound)
+	if p95 > bound {
+		t.Errorf("cached denials took %s at the 95th percentile, above %s: they must not wait for Redis", p95, bound)
 	}
 	r.Resume()
 	// Exact limiting is back once Redis answers again.
