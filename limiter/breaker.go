@@ -13,16 +13,18 @@ var ErrBreakerOpen = errors.New("rate limit store circuit breaker is open")
 // Breaker is a circuit breaker for a store: after Failures consecutive
 // failed decisions it opens, and the store is not called for Cooldown;
 // then one decision is let through as a probe, whose success closes the
-// breaker and whose failure opens it for another cooldown. It is safe for
-// concurrent use and costs two atomic loads on the path of a closed
-// breaker.
+// breaker and whose failure opens it for another cooldown. A probe that
+// never reports (its request went away, say) expires after a cooldown, and
+// the next caller probes instead, so the breaker cannot stay half-open for
+// good. It is safe for concurrent use and costs two atomic loads on the
+// path of a closed breaker.
 type Breaker struct {
 	failures int64
 	cooldown time.Duration
 
 	consecutive atomic.Int64
 	openUntil   atomic.Int64 // unix nanoseconds; 0 while closed
-	probing     atomic.Bool
+	probeSince  atomic.Int64 // unix nanoseconds the probe started; 0: none
 	opened      atomic.Uint64
 }
 
@@ -63,16 +65,41 @@ func NewBreaker(failures int, cooldown time.Duration) *Breaker {
 }
 
 // Allow reports whether the store may be called now. After the cooldown it
-// admits exactly one caller, the probe, until Success or Failure.
+// admits one caller, the probe, until Success or Failure, or until the probe
+// has been out for a cooldown without either: then it counts as lost and the
+// next caller probes.
 func (b *Breaker) Allow() bool {
+	ok, _ := b.allow()
+	return ok
+}
+
+// allow is Allow, and reports whether the caller is the probe.
+func (b *Breaker) allow() (ok, probe bool) {
 	until := b.openUntil.Load()
 	if until == 0 {
-		return true
+		return true, false
 	}
-	if time.Now().UnixNano() < until {
-		return false
+	now := time.Now().UnixNano()
+	if now < until {
+		return false, false
 	}
-	return b.probing.CompareAndSwap(false, true)
+	since := b.probeSince.Load()
+	if since != 0 && now-since < int64(b.cooldown) {
+		return false, false
+	}
+	if !b.probeSince.CompareAndSwap(since, now) {
+		return false, false
+	}
+	return true, true
+}
+
+// abandonProbe frees the probe's place when the probe ended without telling
+// anything of the store (its request went away first), so that the next
+// caller probes at once.
+func (b *Breaker) abandonProbe() {
+	if since := b.probeSince.Load(); since != 0 {
+		b.probeSince.CompareAndSwap(since, 0)
+	}
 }
 
 // Success records a decision the store made.
@@ -82,7 +109,7 @@ func (b *Breaker) Success() {
 	}
 	if b.openUntil.Load() != 0 {
 		b.openUntil.Store(0)
-		b.probing.Store(false)
+		b.probeSince.Store(0)
 	}
 }
 
@@ -90,9 +117,9 @@ func (b *Breaker) Success() {
 // of them in a row, or at once when the probe failed.
 func (b *Breaker) Failure() {
 	n := b.consecutive.Add(1)
-	if b.probing.Load() || (n >= b.failures && b.openUntil.Load() == 0) {
+	if b.probeSince.Load() != 0 || (n >= b.failures && b.openUntil.Load() == 0) {
 		b.openUntil.Store(time.Now().Add(b.cooldown).UnixNano())
-		b.probing.Store(false)
+		b.probeSince.Store(0)
 		b.opened.Add(1)
 	}
 }

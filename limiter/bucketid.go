@@ -23,10 +23,24 @@ func newHasher() hasher {
 // per half, a keyed hash of each string (maphash.String, no buffering), the
 // zone's multiplied by an odd constant before they are combined, so that
 // (zone, key) pairs map to distinct ids as a 128-bit random function would.
+//
+// The low 32 bits of the second half are the zone's tag instead (see tag),
+// so that a bucket's zone can be told from its id alone: 96 bits of hash
+// still tell buckets apart.
 func (h hasher) id(zone, key string) bucketID {
 	var id bucketID
-	for i := range id {
-		id[i] = maphash.String(h.seeds[i], zone)*0x9E3779B97F4A7C15 ^ maphash.String(h.seeds[i], key)
-	}
+	z0, z1 := maphash.String(h.seeds[0], zone), maphash.String(h.seeds[1], zone)
+	id[0] = z0*0x9E3779B97F4A7C15 ^ maphash.String(h.seeds[0], key)
+	id[1] = (z1*0x9E3779B97F4A7C15^maphash.String(h.seeds[1], key))&^0xFFFFFFFF | uint64(uint32(z0))
 	return id
+}
+
+// zone returns the tag of the bucket's zone (see hasher.tag).
+func (id bucketID) zone() uint32 { return uint32(id[1]) }
+
+// tag returns a 32-bit keyed hash of a zone's bucket name, which bucket
+// ids carry so that evictions can be counted per zone without a pointer or
+// another field in the maps.
+func (h hasher) tag(zone string) uint32 {
+	return uint32(maphash.String(h.seeds[0], zone))
 }

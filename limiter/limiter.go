@@ -87,6 +87,10 @@ const (
 	// LocalDenied: the store failed and a zone with the local policy
 	// denied the request on this node's fallback bucket.
 	LocalDenied
+	// Canceled: the request went away (its context ended) before it was
+	// decided. It is neither a decision nor a store failure, and no
+	// zone was charged by this node's doing; the results are undefined.
+	Canceled
 )
 
 // String names the outcome.
@@ -104,6 +108,8 @@ func (o Outcome) String() string {
 		return "local_admitted"
 	case LocalDenied:
 		return "local_denied"
+	case Canceled:
+		return "canceled"
 	}
 	return "unknown"
 }
@@ -177,7 +183,8 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return l.fail(ctx, reqs, results, ctx.Err())
+			l.cache.release(&p)
+			return Canceled
 		}
 	}
 	sent := l.cache.now()
@@ -193,11 +200,13 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	start := l.observeStart()
 	ok, err := l.store.Decide(ctx, reqs, results)
 	l.observeStore(start, err)
-	if err == nil {
-		if ok {
-			return Admitted
-		}
+	switch {
+	case err == nil && ok:
+		return Admitted
+	case err == nil:
 		return Denied
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return Canceled
 	}
 	return l.fail(ctx, reqs, results, err)
 }

@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,19 +37,34 @@ type logBucket struct {
 // MemoryStore keeps buckets in this process: the same arithmetic as the
 // Redis script, for a single node or for a zone that must not depend on
 // Redis. Buckets that are full again are dropped by a sweeper, so memory
-// follows the active clients.
+// follows the active clients; with a key limit (SetMaxKeys) a flood of new
+// keys cannot grow it further: a new key then evicts the bucket closest to
+// full (see evict).
 type MemoryStore struct {
 	hash   hasher
 	shards [numShards]shard
 	now    func() int64
+	// perShard is the most buckets a shard holds (0: no limit).
+	perShard atomic.Int64
 
-	stop chan struct{}
-	done chan struct{}
+	evictMu   sync.Mutex
+	evictions map[uint32]uint64 // by zone tag
+
+	sweep chan time.Duration // a new sweep interval for the sweeper
+	stop  chan struct{}
+	done  chan struct{}
 }
 
-// NewMemoryStore returns an empty store whose sweeper drops full buckets
-// every sweep interval (a minute when 0). now returns the current time in
-// microseconds; nil means the system clock. Close stops the sweeper.
+// evictionSamples is how many buckets a full shard looks at to find the
+// one to evict: the one closest to full among them (Redis samples five for
+// its approximated eviction; a few more cost nothing here and come closer
+// to the true minimum).
+const evictionSamples = 8
+
+// NewMemoryStore returns an empty store, without a key limit, whose sweeper
+// drops full buckets every sweep interval (a minute when 0). now returns the
+// current time in microseconds; nil means the system clock. Close stops the
+// sweeper.
 func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 	if now == nil {
 		now = func() int64 { return nodeClock().UnixMicro() }
@@ -56,10 +73,12 @@ func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 		sweep = time.Minute
 	}
 	s := &MemoryStore{
-		hash: newHasher(),
-		now:  now,
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		hash:      newHasher(),
+		now:       now,
+		evictions: make(map[uint32]uint64),
+		sweep:     make(chan time.Duration, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[bucketID]memEntry)
@@ -80,6 +99,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 		ids = append(ids, id)
 		locks = insertSorted(locks, id.shard())
 	}
+	limit := int(s.perShard.Load())
 	for _, sh := range locks {
 		s.shards[sh].mu.Lock()
 	}
@@ -111,12 +131,18 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 			if r.Algorithm == SlidingLog {
 				lb := sh.logs[ids[i]]
 				if lb == nil {
+					s.makeRoom(sh, limit, now)
 					lb = &logBucket{}
 					sh.logs[ids[i]] = lb
 				}
 				lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
 				lb.expires = now + r.WindowUS
 			} else {
+				if limit > 0 {
+					if _, ok := sh.m[ids[i]]; !ok {
+						s.makeRoom(sh, limit, now)
+					}
+				}
 				st, exp := r.commit(verdicts[i], now, cost)
 				sh.m[ids[i]] = memEntry{state: st, expires: exp}
 				sh.peak = max(sh.peak, len(sh.m))
@@ -128,6 +154,104 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 		s.shards[sh].mu.Unlock()
 	}
 	return admit, nil
+}
+
+// makeRoom evicts buckets from a shard that holds limit buckets or more
+// (limit 0: no limit), so that one more fits. The shard is locked.
+func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
+	for limit > 0 && len(sh.m)+len(sh.logs) >= limit {
+		zone, lost := sh.evict(now)
+		if lost {
+			s.evictMu.Lock()
+			s.evictions[zone]++
+			s.evictMu.Unlock()
+		}
+	}
+}
+
+// evict drops the bucket closest to full among a few sampled ones (map
+// iteration starts at a random place), and reports its zone and whether it
+// was not yet full: a bucket that is full already loses nothing, and is
+// taken at once.
+//
+// What an eviction can over-admit: the client of an evicted bucket starts
+// again from a full bucket, so it may pass at most the tokens its bucket
+// still lacked (at most the zone's burst, or for the windows the requests
+// still counted), once per eviction. The bucket chosen is the one that
+// would have been full again soonest among those sampled, that is the one
+// that lacks the least time of refill; a bucket that a client keeps
+// draining (a limited hot key) is far from full and is not chosen while
+// fresher ones are there.
+func (sh *shard) evict(now int64) (zone uint32, lost bool) {
+	var victim bucketID
+	best, n, isLog := int64(math.MaxInt64), 0, false
+	for id, e := range sh.m {
+		if e.expires < best {
+			victim, best = id, e.expires
+		}
+		if n++; n == evictionSamples || best <= now {
+			break
+		}
+	}
+	if best > now {
+		n = 0
+		for id, lb := range sh.logs {
+			if lb.expires < best {
+				victim, best, isLog = id, lb.expires, true
+			}
+			if n++; n == evictionSamples/2 || best <= now {
+				break
+			}
+		}
+	}
+	if best == math.MaxInt64 {
+		return 0, false // an empty shard: nothing to evict
+	}
+	if isLog {
+		delete(sh.logs, victim)
+	} else {
+		delete(sh.m, victim)
+	}
+	return victim.zone(), best > now
+}
+
+// SetMaxKeys bounds how many buckets the store holds: past it, a new key
+// evicts the bucket closest to full (see evict). 0 means no limit. The bound
+// holds per shard, each holding max/64 (at least one), so it is reached
+// when the keys spread evenly, as their keyed hashes make them do.
+func (s *MemoryStore) SetMaxKeys(n int) {
+	if n <= 0 {
+		s.perShard.Store(0)
+		return
+	}
+	s.perShard.Store(int64(max(1, (n+numShards-1)/numShards)))
+}
+
+// MaxKeys returns the key limit (0: none), rounded up to a multiple of the
+// shards.
+func (s *MemoryStore) MaxKeys() int { return int(s.perShard.Load()) * numShards }
+
+// SetSweepInterval changes how often the sweeper drops full buckets (0
+// leaves it as it is).
+func (s *MemoryStore) SetSweepInterval(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-s.sweep: // an older value not yet taken
+	default:
+	}
+	s.sweep <- d
+}
+
+// Evictions returns how many buckets of the zone whose buckets are named
+// bucket (Rule.Bucket) were evicted before they were full to make room for
+// new keys.
+func (s *MemoryStore) Evictions(bucket string) uint64 {
+	tag := s.hash.tag(bucket)
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	return s.evictions[tag]
 }
 
 // Len returns how many buckets the store holds (full ones not yet swept
@@ -187,6 +311,8 @@ func (s *MemoryStore) sweeper(every time.Duration) {
 		select {
 		case <-s.stop:
 			return
+		case d := <-s.sweep:
+			t.Reset(d)
 		case <-t.C:
 			s.Sweep()
 		}

@@ -51,8 +51,14 @@ type RedisOptions struct {
 	DisableIdentity bool
 	// KeyPrefix starts every bucket key. Default "rl:".
 	KeyPrefix string
-	// Timeout bounds one decision, queueing included. Default 25ms.
+	// Timeout bounds one decision, queueing included, in the time this
+	// node was able to run: a node whose CPUs are saturated reads Redis'
+	// replies late, and waits for them rather than taking the failure
+	// policy, up to MaxWait. Default 25ms.
 	Timeout time.Duration
+	// MaxWait bounds a decision's wait in wall time, however starved the
+	// node: the hard cap. Default 1s (at least Timeout).
+	MaxWait time.Duration
 	// DialTimeout bounds opening a connection. Default 1s.
 	DialTimeout time.Duration
 	// Pipelines is how many round trips may be in flight at once; every
@@ -86,15 +92,6 @@ func (o *RedisOptions) addrs() []string {
 	return append(all, o.Addresses...)
 }
 
-// quietRedisLog replaces go-redis' own logger, which prints every failed
-// dial to standard error: the Limiter reports store failures itself, at
-// most once a second, without connection details that could carry secrets.
-type quietRedisLog struct{}
-
-func (quietRedisLog) Printf(context.Context, string, ...any) {}
-
-var silenceRedisLog sync.Once
-
 // maxBatch bounds how many decisions share one round trip.
 const maxBatch = 256
 
@@ -109,15 +106,22 @@ type RedisStore struct {
 	cluster bool
 	prefix  string
 	timeout time.Duration
+	maxWait time.Duration
 	clock   func() int64
+	stall   *stallClock
 	script  *redis.Script
 	refund  *redis.Script
 	breaker *Breaker
 	// errTimeout is the error of a decision that ran out of time.
 	errTimeout error
-	// trips numbers the round trips; lastFailedTrip is the last one
-	// counted as a failure by the breaker.
-	trips, lastFailedTrip atomic.Uint64
+	// trips numbers the round trips; lastFailed is the last failure token
+	// (see failureToken) counted by the breaker.
+	trips, lastFailed atomic.Uint64
+	// flights holds, per pipeline worker, the round trip it has in flight.
+	flights []atomic.Pointer[flight]
+	// extended counts decisions that waited past the timeout because this
+	// node, not Redis, was slow.
+	extended atomic.Uint64
 
 	queue  chan *call
 	stop   chan struct{}
@@ -195,6 +199,10 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 25 * time.Millisecond
 	}
+	if opt.MaxWait <= 0 {
+		opt.MaxWait = time.Second
+	}
+	opt.MaxWait = max(opt.MaxWait, opt.Timeout)
 	if opt.DialTimeout <= 0 {
 		opt.DialTimeout = time.Second
 	}
@@ -204,7 +212,6 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	if opt.PoolSize <= 0 {
 		opt.PoolSize = opt.Pipelines + 2
 	}
-	silenceRedisLog.Do(func() { redis.SetLogger(quietRedisLog{}) })
 	if opt.SentinelMaster != "" {
 		addrs = opt.SentinelAddresses // go-redis takes the sentinels as Addrs
 	}
@@ -223,9 +230,13 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		DialTimeout:      opt.DialTimeout,
 		// Fail at once when Redis refuses connections: the failure policy,
 		// not a dial loop, decides what happens meanwhile.
-		DialerRetries:         1,
-		ReadTimeout:           opt.Timeout,
-		WriteTimeout:          opt.Timeout,
+		DialerRetries: 1,
+		// A round trip's sockets wait up to the hard cap: on a starved
+		// node a reply that Redis sent in time is read late, and a read
+		// cut off by a short deadline would lose a decision Redis made.
+		// The callers judge the timeout themselves (see waitFor).
+		ReadTimeout:           opt.MaxWait,
+		WriteTimeout:          opt.MaxWait,
 		ContextTimeoutEnabled: true,
 		// A retried EVALSHA could charge a bucket twice. (Cluster
 		// redirections, MOVED and ASK, are not retries: the command did
@@ -238,7 +249,10 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		client:     client,
 		prefix:     opt.KeyPrefix,
 		timeout:    opt.Timeout,
+		maxWait:    opt.MaxWait,
 		clock:      opt.Clock,
+		stall:      newStallClock(),
+		flights:    make([]atomic.Pointer[flight], opt.Pipelines),
 		cluster:    cluster,
 		script:     redis.NewScript(lua.Decide),
 		refund:     redis.NewScript(lua.Refund),
@@ -248,9 +262,9 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		warmed:     make(chan struct{}),
 		stop:       make(chan struct{}),
 	}
-	for range opt.Pipelines {
+	for i := range opt.Pipelines {
 		s.wg.Add(1)
-		go s.worker()
+		go s.worker(&s.flights[i])
 	}
 	// Connect and load the scripts now, in the background, so that the
 	// first requests do not pay for a dial, a TLS handshake and a NOSCRIPT
@@ -296,43 +310,103 @@ func (s *RedisStore) Breaker() *Breaker { return s.breaker }
 // Decide implements Store. While the circuit breaker is open it fails at
 // once with ErrBreakerOpen.
 func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
-	if !s.breaker.Allow() {
+	allowed, probe := s.breaker.allow()
+	if !allowed {
 		return false, ErrBreakerOpen
 	}
-	ok, trip, err := s.decide(ctx, reqs, results)
+	ok, token, err := s.decide(ctx, reqs, results)
 	var refused *requestError
 	switch {
 	case err == nil:
 		s.breaker.Success()
 	case errors.Is(err, context.Canceled): // a client that left is not Redis' fault
+		if probe {
+			s.breaker.abandonProbe()
+		}
 	case errors.As(err, &refused): // Redis answered: it is up
 		s.breaker.Success()
-	case s.firstReport(trip), s.breaker.State() == BreakerHalfOpen:
+	case s.firstReport(token), probe:
 		// The breaker counts failed round trips, not the decisions they
 		// carried, so that one slow round trip of many decisions does not
-		// open it; a decision that timed out waiting for a round trip
-		// leaves the count to that round trip. A probe's failure always
-		// counts.
+		// open it: a stalled round trip counts once per timeout it
+		// overran, and a decision that gave up while this node, not
+		// Redis, was slow counts not at all (see failureToken). A probe's
+		// failure always counts.
 		s.breaker.Failure()
 	}
 	return ok, err
 }
 
-// firstReport reports whether trip is a failed round trip newer than any
+// firstReport reports whether token names a failure newer than any
 // reported before: each counts once, and a late report of an older one not
 // at all.
-func (s *RedisStore) firstReport(trip uint64) bool {
-	for trip != 0 {
-		last := s.lastFailedTrip.Load()
-		if trip <= last {
+func (s *RedisStore) firstReport(token uint64) bool {
+	for token != 0 {
+		last := s.lastFailed.Load()
+		if token <= last {
 			return false
 		}
-		if s.lastFailedTrip.CompareAndSwap(last, trip) {
+		if s.lastFailed.CompareAndSwap(last, token) {
 			return true
 		}
 	}
 	return false
 }
+
+// flight is a round trip in flight: its number and when it left.
+type flight struct {
+	trip uint64
+	left stallMark
+}
+
+// tripFailed is the last failure token of a round trip: the round trip
+// itself failed (an error, or its sockets' hard cap ran out).
+const tripFailed = 0xffff
+
+// failureToken returns the number by which the circuit breaker counts a
+// decision that gave up waiting: the round trip it waited on (the one that
+// carried it, or the oldest in flight while it was still queued) and how
+// many timeouts that round trip has overrun in the time this node was able
+// to run. A stalled round trip so counts once per timeout it overruns,
+// however many decisions it carried, and a decision that gave up while no
+// round trip was overdue (the node was starved, the queue was long) counts
+// not at all: 0.
+func (s *RedisStore) failureToken(trip uint64) uint64 {
+	var f *flight
+	for i := range s.flights {
+		g := s.flights[i].Load()
+		if g == nil || (trip != 0 && g.trip != trip) {
+			continue
+		}
+		if f == nil || g.trip < f.trip {
+			f = g
+		}
+	}
+	if f == nil {
+		return 0
+	}
+	_, ran := s.stall.since(f.left)
+	k := uint64(ran / s.timeout)
+	if k == 0 {
+		return 0
+	}
+	return f.trip<<16 | min(k, tripFailed-1)
+}
+
+// extension returns how much longer a decision that began at start waits
+// for its reply: until it has waited Timeout in the time this node was
+// able to run, and at most MaxWait in all. 0: give up now.
+func (s *RedisStore) extension(start stallMark) time.Duration {
+	elapsed, ran := s.stall.since(start)
+	if elapsed >= s.maxWait || ran >= s.timeout {
+		return 0
+	}
+	return max(time.Millisecond, min(s.timeout-ran, s.maxWait-elapsed))
+}
+
+// Extended returns how many decisions waited past the timeout because this
+// node was too starved of CPU to read Redis' replies in time.
+func (s *RedisStore) Extended() uint64 { return s.extended.Load() }
 
 // requestError is the error of one request of a batch whose commands
 // failed (a bucket key holding another type, say) while Redis decided the
@@ -343,19 +417,36 @@ type requestError struct{ err error }
 func (e *requestError) Error() string { return "redis: " + e.err.Error() }
 func (e *requestError) Unwrap() error { return e.err }
 
-// decide returns the decision, and with an error the round trip that
-// failed (0: none did, the decision ran out of time waiting for one).
+// decide returns the decision, and with an error its failure token (see
+// failureToken; 0: not the store's failure).
 func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Result) (bool, uint64, error) {
 	if !s.cluster || len(reqs) == 1 {
 		return s.decideOne(ctx, reqs, results)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.timeoutContext(ctx)
 	defer cancel()
 	ok, err := s.decideBySlot(ctx, reqs, results)
 	if err != nil {
-		return ok, s.trips.Add(1), err // several round trips: count it as one more
+		return ok, s.trips.Add(1)<<16 | tripFailed, err // several round trips: count it as one more
 	}
 	return ok, 0, nil
+}
+
+// timeoutContext returns a context that ends when the decision has waited
+// Timeout in the time this node was able to run, or MaxWait in all (see
+// extension); its cause is then the store's timeout error.
+func (s *RedisStore) timeoutContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	start := s.stall.mark()
+	var t *time.Timer
+	t = time.AfterFunc(s.timeout, func() {
+		if wait := s.extension(start); wait > 0 {
+			t.Reset(wait)
+			return
+		}
+		cancel(s.errTimeout)
+	})
+	return ctx, func() { t.Stop(); cancel(context.Canceled) }
 }
 
 // decideOne decides a request in one script call: the common path, so it
@@ -369,38 +460,62 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 	}
 	c := callPool.Get().(*call)
 	s.fill(c, s.script, reqs, nil)
+	start := s.stall.mark()
 	if c.timer == nil {
 		c.timer = time.NewTimer(s.timeout)
 	} else {
 		c.timer.Reset(s.timeout)
 	}
+	extended := false
 	select {
 	case s.queue <- c:
 	default: // the queue is full: wait for room, within the timeout
-		select {
-		case s.queue <- c:
-		case <-c.timer.C:
-			putCall(c)
-			return false, 0, s.errTimeout
+	enqueue:
+		for {
+			select {
+			case s.queue <- c:
+				break enqueue
+			case <-c.timer.C:
+				if wait := s.extension(start); wait > 0 {
+					extended = true
+					c.timer.Reset(wait)
+					continue
+				}
+				putCall(c)
+				return false, 0, s.errTimeout
+			}
 		}
 	}
 	var gaveUp error
-	select {
-	case <-c.done:
-		c.timer.Stop()
-	case <-c.timer.C:
-		gaveUp = s.errTimeout
+wait:
+	for {
+		select {
+		case <-c.done:
+			c.timer.Stop()
+			break wait
+		case <-c.timer.C:
+			if wait := s.extension(start); wait > 0 {
+				extended = true
+				c.timer.Reset(wait)
+				continue
+			}
+			gaveUp = s.errTimeout
+			break wait
+		}
+	}
+	if extended {
+		s.extended.Add(1)
 	}
 	if gaveUp != nil {
-		trip := c.trip.Load() // before the call may go back to the pool
+		token := s.failureToken(c.trip.Load()) // before the call may go back to the pool
 		if c.state.CompareAndSwap(0, 2) {
-			return false, trip, gaveUp // the worker returns the call to the pool
+			return false, token, gaveUp // the worker returns the call to the pool
 		}
 		<-c.done // delivered as we gave up: use it
 	}
 	defer putCall(c)
 	if c.err != nil {
-		return false, c.trip.Load(), c.err
+		return false, c.trip.Load()<<16 | tripFailed, c.err
 	}
 	ok, err := decodeReply(c.reply, reqs, results)
 	return ok, 0, err
@@ -592,17 +707,21 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 func (s *RedisStore) Close() error {
 	close(s.stop)
 	s.wg.Wait()
+	s.stall.close()
 	return s.client.Close()
 }
 
 func (s *RedisStore) ctxErr(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrStoreTimeout) {
+		return cause
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("%w (%s)", ErrStoreTimeout, s.timeout)
+		return s.errTimeout
 	}
 	return ctx.Err()
 }
 
-func (s *RedisStore) worker() {
+func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 	defer s.wg.Done()
 	batch := make([]*call, 0, maxBatch)
 	var p pipeline
@@ -622,7 +741,7 @@ func (s *RedisStore) worker() {
 				break drain
 			}
 		}
-		s.run(&p, batch)
+		s.run(&p, batch, inFlight)
 		clear(batch)
 	}
 }
@@ -701,8 +820,8 @@ func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
 // NOSCRIPT means the script did not run, so nothing is charged twice. So
 // are those answered TRYAGAIN (a Cluster slot in migration), after a short
 // pause.
-func (s *RedisStore) run(p *pipeline, batch []*call) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[flight]) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.maxWait)
 	defer cancel()
 	// Calls whose callers gave up waiting in the queue are not sent: their
 	// requests already took the failure policy.
@@ -722,6 +841,8 @@ func (s *RedisStore) run(p *pipeline, batch []*call) {
 	for _, c := range batch {
 		c.trip.Store(trip)
 	}
+	inFlight.Store(&flight{trip: trip, left: s.stall.mark()})
+	defer inFlight.Store(nil)
 	groups := s.group(p, batch)
 	s.exec(ctx, p, groups)
 	var again []scriptCall
@@ -819,7 +940,7 @@ func containsScript(list []*redis.Script, sc *redis.Script) bool {
 func (s *RedisStore) cmdErr(err error) error {
 	var ne net.Error // context.DeadlineExceeded is one as well
 	if errors.As(err, &ne) && ne.Timeout() {
-		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, s.timeout, err)
+		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, s.maxWait, err)
 	}
 	return fmt.Errorf("redis: %w", err)
 }

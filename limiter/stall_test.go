@@ -1,0 +1,187 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// TestStallClockSince: the time a process ran is the time elapsed less the
+// stall counted meanwhile, and never negative.
+func TestStallClockSince(t *testing.T) {
+	t.Parallel()
+	c := newStallClock()
+	t.Cleanup(c.close)
+	m := c.mark()
+	time.Sleep(20 * time.Millisecond)
+	c.stalled.Add(int64(15 * time.Millisecond))
+	elapsed, ran := c.since(m)
+	if elapsed < 20*time.Millisecond {
+		t.Fatalf("elapsed %s after sleeping 20ms", elapsed)
+	}
+	if ran > elapsed-15*time.Millisecond {
+		t.Fatalf("ran %s of %s with 15ms of stall counted", ran, elapsed)
+	}
+	c.stalled.Add(int64(time.Hour))
+	if _, ran := c.since(m); ran != 0 {
+		t.Fatalf("ran %s with an hour of stall: want 0", ran)
+	}
+}
+
+// TestRedisStarvedNodeWaitsForReply pauses Redis for three timeouts while
+// the node counts itself starved (stall added to its clock as a saturated
+// CPU would): the decisions wait for Redis' replies instead of failing,
+// and the circuit breaker counts nothing. With the same pause on a node
+// that is not starved, they fail at the timeout (TestRedisTimeout).
+func TestRedisStarvedNodeWaitsForReply(t *testing.T) {
+	// Not parallel: it times a stall against the timeout.
+	srv := redistest.Start(t)
+	const timeout = 50 * time.Millisecond
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, BreakerFailures: 1})
+	r := mustRule(t, "starved", 1000, time.Second, 0)
+	decideOne(t, rs, r, "warm", 1)
+
+	stop := make(chan struct{})
+	var starving sync.WaitGroup
+	starving.Go(func() {
+		// The node "runs" a fifth of the time: 20ms of stall each 5ms.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				rs.stall.stalled.Add(int64(20 * time.Millisecond))
+			}
+		}
+	})
+	srv.Pause()
+	go func() {
+		time.Sleep(3 * timeout)
+		srv.Resume()
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range errs {
+		wg.Go(func() {
+			reqs := []Request{{Rule: r, Key: "k" + strconv.Itoa(i), Cost: 1}}
+			_, errs[i] = rs.Decide(context.Background(), reqs, make([]Result, 1))
+		})
+	}
+	wg.Wait()
+	close(stop)
+	starving.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("decision %d on a starved node failed: %v", i, err)
+		}
+	}
+	if n := rs.Breaker().Opened(); n != 0 {
+		t.Errorf("late replies on a starved node opened the breaker %d times", n)
+	}
+	if rs.Extended() == 0 {
+		t.Error("no decision counted as extended")
+	}
+	t.Logf("%d decisions waited past the timeout", rs.Extended())
+}
+
+// TestRedisStarvedNodeHardCap: however starved the node, a decision gives
+// up after MaxWait when Redis does not answer.
+func TestRedisStarvedNodeHardCap(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout, maxWait = 20 * time.Millisecond, 300 * time.Millisecond
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, MaxWait: maxWait})
+	r := mustRule(t, "capped", 1000, time.Second, 0)
+	decideOne(t, rs, r, "warm", 1)
+	srv.Pause()
+	defer srv.Resume()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		// From now on the node seems never to run.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				rs.stall.stalled.Add(int64(time.Second))
+			}
+		}
+	}()
+	start := time.Now()
+	_, err := rs.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+	took := time.Since(start)
+	if !errors.Is(err, ErrStoreTimeout) {
+		t.Fatalf("Redis paused: %v, want ErrStoreTimeout", err)
+	}
+	// Generous: a busy machine wakes timers late.
+	if took < maxWait || took > maxWait+maxWait/2+200*time.Millisecond {
+		t.Fatalf("gave up after %s, want about MaxWait (%s)", took, maxWait)
+	}
+	t.Logf("gave up after %s (MaxWait %s)", took, maxWait)
+}
+
+// TestRedisBreakerProbeAbandoned: the probe's client goes away before it
+// is decided; Redis is healthy, and the breaker closes within a cooldown
+// (it used to stay half-open for good).
+func TestRedisBreakerProbeAbandoned(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const cooldown = 100 * time.Millisecond
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, BreakerFailures: 2, BreakerCooldown: cooldown})
+	r := mustRule(t, "probe", 1000, time.Second, 0)
+	decideOne(t, rs, r, "warm", 1)
+	b := rs.Breaker()
+	b.Failure()
+	b.Failure()
+	if b.State() != BreakerOpen {
+		t.Fatalf("breaker %v after two failures, want open", b.State())
+	}
+	time.Sleep(cooldown + cooldown/5)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	reqs := []Request{{Rule: r, Key: "k", Cost: 1}}
+	if _, err := rs.Decide(gone, reqs, make([]Result, 1)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("probe with a gone client: %v, want context.Canceled", err)
+	}
+	deadline := time.Now().Add(cooldown)
+	for b.State() != BreakerClosed {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker still %v a cooldown after its probe's client went away", b.State())
+		}
+		_, _ = rs.Decide(context.Background(), reqs, make([]Result, 1))
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestBreakerLostProbeExpires: a probe that never reports (neither success
+// nor failure) stops blocking after a cooldown: the next caller probes.
+func TestBreakerLostProbeExpires(t *testing.T) {
+	t.Parallel()
+	const cooldown = 50 * time.Millisecond
+	b := NewBreaker(1, cooldown)
+	b.Failure()
+	time.Sleep(cooldown + 10*time.Millisecond)
+	if !b.Allow() {
+		t.Fatal("no probe after the cooldown")
+	}
+	if b.Allow() {
+		t.Fatal("a second probe while the first is out")
+	}
+	time.Sleep(cooldown + 10*time.Millisecond)
+	if !b.Allow() {
+		t.Fatal("the lost probe still blocks a cooldown later")
+	}
+	b.Success()
+	if b.State() != BreakerClosed {
+		t.Fatalf("breaker %v after the new probe's success", b.State())
+	}
+}
