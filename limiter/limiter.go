@@ -131,6 +131,10 @@ type Options struct {
 	// Observer, if set, is told of every store call and deny cache hit
 	// (see observer.go).
 	Observer Observer
+	// FleetSize, if set, returns how many nodes share the limits lately
+	// (this one included): the divisor of the local fallback buckets of
+	// zones whose fleet size is not fixed. Default: 1.
+	FleetSize func() int64
 }
 
 // Limiter applies rules through a store and handles its failures by each
@@ -143,8 +147,12 @@ type Limiter struct {
 	local   Store
 	log     *zap.Logger
 	obs     Observer
+	fleet   func() int64
 	lastLog atomic.Int64 // unix nanoseconds of the last failure logged
 	failed  atomic.Uint64
+	// lastLocal is when the last decision fell back to local buckets
+	// (unix nanoseconds), to log when a fallback starts.
+	lastLocal atomic.Int64
 }
 
 // New returns a limiter deciding through store.
@@ -152,7 +160,7 @@ func New(store Store, opt Options) *Limiter {
 	if opt.Log == nil {
 		opt.Log = zap.NewNop()
 	}
-	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer}
+	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
 }
 
 // Cache returns the limiter's deny cache, or nil.
@@ -254,9 +262,15 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 	var resBuf [8]Result
 	var idxBuf [8]int
 	lreqs, idx := reqBuf[:0], idxBuf[:0]
+	view := int64(1)
+	if l.fleet != nil {
+		view = l.fleet()
+	}
 	for i := range reqs {
 		if r := reqs[i].Rule; r.OnError == PolicyLocal && r.Local != nil {
-			lreqs = append(lreqs, Request{Rule: r.Local, Key: reqs[i].Key, Cost: reqs[i].Cost})
+			local, divisor := r.localFor(view)
+			l.logFallback(r, divisor)
+			lreqs = append(lreqs, Request{Rule: local, Key: reqs[i].Key, Cost: reqs[i].Cost})
 			idx = append(idx, i)
 		}
 	}
@@ -277,6 +291,30 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		return LocalAdmitted
 	}
 	return LocalDenied
+}
+
+// fallbackQuiet is how long no decision falls back to local buckets before
+// the next fallback is logged as a new start.
+const fallbackQuiet = 10 * time.Second
+
+// logFallback logs, when a fallback to local buckets starts, the divisor
+// of the zone's limit on this node.
+func (l *Limiter) logFallback(r *Rule, divisor int64) {
+	now := time.Now().UnixNano()
+	last := l.lastLocal.Load()
+	if now-last < int64(time.Second) {
+		return // logged or refreshed within the second: nothing new
+	}
+	if !l.lastLocal.CompareAndSwap(last, now) || now-last < int64(fallbackQuiet) {
+		return
+	}
+	source := "the nodes seen by the fleet view in the last 10s"
+	if r.FleetSize > 0 {
+		source = "fleet_size"
+	}
+	l.log.Warn("rate limit store cannot decide; zones with on_error local limit on this node's own buckets",
+		zap.String("zone", r.Name), zap.Int64("divisor", divisor), zap.String("divisor_from", source),
+		zap.Int64("node_rate", max(1, r.Rate/divisor)), zap.Duration("per", r.Per))
 }
 
 // Failures returns how many decisions failed over to the policy so far.

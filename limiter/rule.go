@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -66,8 +67,14 @@ type Rule struct {
 	// OnError is what the zone does when the store fails (see
 	// SetFailurePolicy); the zero value allows.
 	OnError Policy
-	// Local is the rule of this node's fallback bucket under PolicyLocal.
+	// Local is the rule of this node's fallback bucket under PolicyLocal
+	// (with FleetSize 0: for a fleet of one; see localFor).
 	Local *Rule
+	// FleetSize is the fleet size Local divides the limit by; 0: the
+	// limiter's fleet view tells it.
+	FleetSize int64
+	// locals caches the local rule for the fleet view's size.
+	locals atomic.Pointer[localSized]
 
 	argsOnce sync.Once
 	args     []any // scriptArgs

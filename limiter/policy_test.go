@@ -1,0 +1,88 @@
+package limiter
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestDefaultPolicyIsLocal: a zone that names no failure policy keeps
+// limiting on the node's share when the store fails.
+func TestDefaultPolicyIsLocal(t *testing.T) {
+	t.Parallel()
+	if p, err := ParsePolicy(""); err != nil || p != PolicyLocal {
+		t.Fatalf(`ParsePolicy("") = %v, %v; want local`, p, err)
+	}
+	if p, err := ParsePolicy("allow"); err != nil || p != PolicyAllow {
+		t.Fatalf(`ParsePolicy("allow") = %v, %v`, p, err)
+	}
+}
+
+// TestFailurePolicyLocalFleetView: a zone without a fixed fleet size
+// divides its limit by the nodes the fleet view saw, follows the view when
+// it changes, and logs the divisor once when the fallback starts.
+func TestFailurePolicyLocalFleetView(t *testing.T) {
+	t.Parallel()
+	clk := newTestClock(epoch)
+	var nodes atomic.Int64
+	nodes.Store(4)
+	core, logs := observer.New(zap.InfoLevel)
+	l := New(failingStore{}, Options{Local: newMemory(t, clk), FleetSize: nodes.Load, Log: zap.New(core)})
+	r := mustRule(t, "api", 40, time.Minute, 40)
+	if err := r.SetFailurePolicy(PolicyLocal, 0); err != nil {
+		t.Fatal(err)
+	}
+	count := func(key string, n int) int {
+		res := make([]Result, 1)
+		admitted := 0
+		for range n {
+			switch l.Decide(context.Background(), []Request{{Rule: r, Key: key, Cost: 1}}, res) {
+			case LocalAdmitted:
+				admitted++
+			case LocalDenied:
+			default:
+				t.Fatal("want a local decision")
+			}
+		}
+		return admitted
+	}
+	if got := count("a", 30); got != 10 {
+		t.Fatalf("4 nodes: the local bucket admitted %d of a burst of 40, want 10", got)
+	}
+	nodes.Store(2)
+	if got := count("b", 30); got != 20 {
+		t.Fatalf("2 nodes: admitted %d, want 20", got)
+	}
+	nodes.Store(0) // a view that never saw a node counts this one
+	if got := count("c", 60); got != 40 {
+		t.Fatalf("no view: admitted %d, want the whole burst of 40", got)
+	}
+	starts := logs.FilterMessageSnippet("limit on this node's own buckets").All()
+	if len(starts) != 1 {
+		t.Fatalf("%d fallback start lines, want 1 (it is logged when the fallback starts)", len(starts))
+	}
+	if d := starts[0].ContextMap()["divisor"]; d != int64(4) {
+		t.Fatalf("logged divisor %v, want 4", d)
+	}
+
+	// A fixed fleet_size wins over the view.
+	fixed := mustRule(t, "fixed", 40, time.Minute, 40)
+	if err := fixed.SetFailurePolicy(PolicyLocal, 8); err != nil {
+		t.Fatal(err)
+	}
+	nodes.Store(2)
+	res := make([]Result, 1)
+	admitted := 0
+	for range 20 {
+		if l.Decide(context.Background(), []Request{{Rule: fixed, Key: "k", Cost: 1}}, res) == LocalAdmitted {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("fleet_size 8: admitted %d, want 5", admitted)
+	}
+}
