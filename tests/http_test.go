@@ -468,8 +468,9 @@ func TestRedisTimeoutFailsOpenWithinTimeout(t *testing.T) {
 	}
 	// The key Redis denied stays denied without Redis: its token cannot be
 	// back before an hour, and this node's deny cache knows it. A denial
-	// that asked Redis would have failed open (200) on the timeout or the
-	// open breaker, so the 429 shows it did not wait for Redis; the time
+	// that asked Redis would have met the timeout or the open breaker and
+	// taken the failure policy (a 200 here, or a local bucket's own
+	// Retry-After), so the 429 shows it did not wait for Redis; the time
 	// is bounded too, generously (timeout + 50% + 20ms at the 95th
 	// percentile of 20 requests), so that a busy machine cannot fail it.
 	var cached []time.Duration
