@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
@@ -77,6 +78,9 @@ type RedisOptions struct {
 	// BreakerCooldown is how long an open breaker keeps decisions away
 	// from Redis before one probe may close it. Default 1s.
 	BreakerCooldown time.Duration
+	// Log receives the store's reports about Redis itself: its memory
+	// policy, refused credentials. Default: none.
+	Log *zap.Logger
 	// Clock, when set, fixes the scripts' time (microseconds) for tests.
 	// Production leaves it nil: the clock is then Redis TIME, the same for
 	// every node whatever their own clocks say.
@@ -112,6 +116,8 @@ type RedisStore struct {
 	script  *redis.Script
 	refund  *redis.Script
 	breaker *Breaker
+	memory  *memoryWatch
+	log     *zap.Logger
 	// errTimeout is the error of a decision that ran out of time.
 	errTimeout error
 	// trips numbers the round trips; lastFailed is the last failure token
@@ -257,15 +263,23 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		script:     redis.NewScript(lua.Decide),
 		refund:     redis.NewScript(lua.Refund),
 		breaker:    NewBreaker(opt.BreakerFailures, opt.BreakerCooldown),
+		log:        opt.Log,
 		errTimeout: fmt.Errorf("%w (%s)", ErrStoreTimeout, opt.Timeout),
 		queue:      make(chan *call, 4096),
 		warmed:     make(chan struct{}),
 		stop:       make(chan struct{}),
 	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
 	for i := range opt.Pipelines {
 		s.wg.Add(1)
 		go s.worker(&s.flights[i])
 	}
+	// Redis' memory, read off the request path: a policy that lets the
+	// buckets fill it to OOM is warned of.
+	s.memory = newMemoryWatch(client, s.log, time.Minute)
+	s.wg.Go(func() { s.memory.run(s.stop) })
 	// Connect and load the scripts now, in the background, so that the
 	// first requests do not pay for a dial, a TLS handshake and a NOSCRIPT
 	// round trip within their timeout. A failure here is harmless: the
@@ -283,6 +297,10 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 			case <-ctx.Done():
 			}
 		}()
+		if err := checkCredentials(ctx, s.client); errors.Is(err, ErrRedisCredentials) {
+			s.log.Error("redis refuses the rate limit store's credentials; every decision fails and takes its zone's on_error policy",
+				zap.Error(err))
+		}
 		pipe := s.client.Pipeline()
 		pipe.ScriptLoad(ctx, lua.Decide)
 		pipe.ScriptLoad(ctx, lua.Refund)
@@ -303,6 +321,10 @@ func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 func (s *RedisStore) Key(zone, clientKey string) string {
 	return s.prefix + zone + ":{" + clientKey + "}"
 }
+
+// Memory returns the latest reading of Redis' memory, and false before the
+// first (or when INFO is not allowed).
+func (s *RedisStore) Memory() (RedisMemory, bool) { return s.memory.Last() }
 
 // Breaker returns the store's circuit breaker.
 func (s *RedisStore) Breaker() *Breaker { return s.breaker }
@@ -1001,7 +1023,18 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 		g.cmd = redis.NewCmd(ctx, args...)
 		_ = pipe.Process(ctx, g.cmd)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if _, err := pipe.Exec(ctx); err != nil {
+		// Each command carries its own error, except when the connection
+		// failed its set-up with a Redis reply (AUTH or HELLO refused:
+		// WRONGPASS, NOAUTH): go-redis then sets it on no command, which
+		// would read as an empty reply. A command that was answered never
+		// has neither value nor error (a nil reply is redis.Nil).
+		for i := range groups {
+			if cmd := groups[i].cmd; cmd.Err() == nil && cmd.Val() == nil {
+				cmd.SetErr(err)
+			}
+		}
+	}
 }
 
 func isNoScript(err error) bool {

@@ -88,3 +88,28 @@ func TestCheckCredentialsCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreWrongPassword: a store whose password Redis refuses fails
+// each decision with WRONGPASS (the reply of the connection's HELLO or
+// AUTH), not with an empty reply, and never shows the password.
+func TestRedisStoreWrongPassword(t *testing.T) {
+	t.Parallel()
+	const secret, wrong = "store-secret", "store-wrong"
+	srv := redistest.Start(t, "--requirepass", secret)
+	rule := mustRule(t, "auth", 10, time.Second, 10)
+	for _, protocol := range []int{2, 3} {
+		for _, pipelines := range []int{1, 3} {
+			s := newRedisStore(t, RedisOptions{Address: srv.Addr, Password: wrong, Protocol: protocol, Pipelines: pipelines})
+			for i := range 3 {
+				results := make([]Result, 1)
+				_, err := s.Decide(context.Background(), []Request{{Rule: rule, Key: "203.0.113.7", Cost: 1}}, results)
+				if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || !IsAuth(err) || AuthCode(err) != "WRONGPASS" {
+					t.Fatalf("RESP%d, %d pipelines, decision %d: Decide = %v, want WRONGPASS", protocol, pipelines, i, err)
+				}
+				if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), wrong) {
+					t.Fatalf("Decide = %q holds a password", err)
+				}
+			}
+		}
+	}
+}
