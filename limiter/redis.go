@@ -58,7 +58,10 @@ type RedisOptions struct {
 	// policy, up to MaxWait. Default 25ms.
 	Timeout time.Duration
 	// MaxWait bounds a decision's wait in wall time, however starved the
-	// node: the hard cap. Default 1s (at least Timeout).
+	// node: the hard cap, once the node has run for Timeout since the
+	// decision began (a frozen process first reads what waits in its
+	// sockets); never more than twice MaxWait. Default 1s (at least
+	// Timeout). See patience.go.
 	MaxWait time.Duration
 	// DialTimeout bounds opening a connection. Default 1s.
 	DialTimeout time.Duration
@@ -125,8 +128,10 @@ type RedisStore struct {
 	trips, lastFailed atomic.Uint64
 	// flights holds, per pipeline worker, the round trip it has in flight.
 	flights []atomic.Pointer[flight]
+	// slow remembers the slowest round trips lately (see patience.go).
+	slow slowTrips
 	// extended counts decisions that waited past the timeout because this
-	// node, not Redis, was slow.
+	// node was starved, or Redis was answering slowly but answering.
 	extended atomic.Uint64
 
 	queue  chan *call
@@ -241,8 +246,8 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		// node a reply that Redis sent in time is read late, and a read
 		// cut off by a short deadline would lose a decision Redis made.
 		// The callers judge the timeout themselves (see waitFor).
-		ReadTimeout:           opt.MaxWait,
-		WriteTimeout:          opt.MaxWait,
+		ReadTimeout:           2 * opt.MaxWait,
+		WriteTimeout:          2 * opt.MaxWait,
 		ContextTimeoutEnabled: true,
 		// A retried EVALSHA could charge a bucket twice. (Cluster
 		// redirections, MOVED and ASK, are not retries: the command did
@@ -375,57 +380,6 @@ func (s *RedisStore) firstReport(token uint64) bool {
 	return false
 }
 
-// flight is a round trip in flight: its number and when it left.
-type flight struct {
-	trip uint64
-	left stallMark
-}
-
-// tripFailed is the last failure token of a round trip: the round trip
-// itself failed (an error, or its sockets' hard cap ran out).
-const tripFailed = 0xffff
-
-// failureToken returns the number by which the circuit breaker counts a
-// decision that gave up waiting: the round trip it waited on (the one that
-// carried it, or the oldest in flight while it was still queued) and how
-// many timeouts that round trip has overrun in the time this node was able
-// to run. A stalled round trip so counts once per timeout it overruns,
-// however many decisions it carried, and a decision that gave up while no
-// round trip was overdue (the node was starved, the queue was long) counts
-// not at all: 0.
-func (s *RedisStore) failureToken(trip uint64) uint64 {
-	var f *flight
-	for i := range s.flights {
-		g := s.flights[i].Load()
-		if g == nil || (trip != 0 && g.trip != trip) {
-			continue
-		}
-		if f == nil || g.trip < f.trip {
-			f = g
-		}
-	}
-	if f == nil {
-		return 0
-	}
-	_, ran := s.stall.since(f.left)
-	k := uint64(ran / s.timeout)
-	if k == 0 {
-		return 0
-	}
-	return f.trip<<16 | min(k, tripFailed-1)
-}
-
-// extension returns how much longer a decision that began at start waits
-// for its reply: until it has waited Timeout in the time this node was
-// able to run, and at most MaxWait in all. 0: give up now.
-func (s *RedisStore) extension(start stallMark) time.Duration {
-	elapsed, ran := s.stall.since(start)
-	if elapsed >= s.maxWait || ran >= s.timeout {
-		return 0
-	}
-	return max(time.Millisecond, min(s.timeout-ran, s.maxWait-elapsed))
-}
-
 // Extended returns how many decisions waited past the timeout because this
 // node was too starved of CPU to read Redis' replies in time.
 func (s *RedisStore) Extended() uint64 { return s.extended.Load() }
@@ -462,7 +416,7 @@ func (s *RedisStore) timeoutContext(parent context.Context) (context.Context, co
 	start := s.stall.mark()
 	var t *time.Timer
 	t = time.AfterFunc(s.timeout, func() {
-		if wait := s.extension(start); wait > 0 {
+		if wait := s.extension(start, 0); wait > 0 {
 			t.Reset(wait)
 			return
 		}
@@ -498,7 +452,7 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 			case s.queue <- c:
 				break enqueue
 			case <-c.timer.C:
-				if wait := s.extension(start); wait > 0 {
+				if wait := s.extension(start, 0); wait > 0 {
 					extended = true
 					c.timer.Reset(wait)
 					continue
@@ -516,7 +470,7 @@ wait:
 			c.timer.Stop()
 			break wait
 		case <-c.timer.C:
-			if wait := s.extension(start); wait > 0 {
+			if wait := s.extension(start, c.trip.Load()); wait > 0 {
 				extended = true
 				c.timer.Reset(wait)
 				continue
@@ -843,7 +797,7 @@ func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
 // are those answered TRYAGAIN (a Cluster slot in migration), after a short
 // pause.
 func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[flight]) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.maxWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.maxWait)
 	defer cancel()
 	// Calls whose callers gave up waiting in the queue are not sent: their
 	// requests already took the failure policy.
@@ -863,10 +817,12 @@ func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[fl
 	for _, c := range batch {
 		c.trip.Store(trip)
 	}
-	inFlight.Store(&flight{trip: trip, left: s.stall.mark()})
+	left := s.stall.mark()
+	inFlight.Store(&flight{trip: trip, left: left})
 	defer inFlight.Store(nil)
 	groups := s.group(p, batch)
 	s.exec(ctx, p, groups)
+	s.timeTrip(left, groups)
 	var again []scriptCall
 	for attempt := 0; attempt < 3; attempt++ {
 		var pos []int
@@ -910,6 +866,23 @@ func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[fl
 	for i := range groups {
 		s.deliver(&groups[i])
 	}
+}
+
+// timeTrip records how long a round trip that left at left took, when
+// Redis answered it (an answer that is an error reply counts; a failed
+// connection or a timeout does not: a hung Redis must not teach the store
+// to wait longer for it).
+func (s *RedisStore) timeTrip(left stallMark, groups []scriptCall) {
+	for i := range groups {
+		if err := groups[i].cmd.Err(); err != nil {
+			var reply redis.Error
+			if !errors.As(err, &reply) {
+				return
+			}
+		}
+	}
+	took, _ := s.stall.since(left)
+	s.slow.add(took, left.at+int64(took))
 }
 
 // deliver hands each call of a script call its part of the reply, or the
@@ -962,7 +935,7 @@ func containsScript(list []*redis.Script, sc *redis.Script) bool {
 func (s *RedisStore) cmdErr(err error) error {
 	var ne net.Error // context.DeadlineExceeded is one as well
 	if errors.As(err, &ne) && ne.Timeout() {
-		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, s.maxWait, err)
+		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, 2*s.maxWait, err)
 	}
 	return fmt.Errorf("redis: %w", err)
 }

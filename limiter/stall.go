@@ -1,40 +1,66 @@
 package limiter
 
 import (
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// stallPeriod is how often a stallClock wakes up to look at the time.
+// stallPeriod is how often a stallClock looks at the time.
 const stallPeriod = 5 * time.Millisecond
 
-// stallSlack is the lateness a stallClock forgives each wake-up: the timer
-// and scheduler noise of a node that is not starved.
+// stallSlack is the lateness a stallClock forgives: the timer, poller and
+// scheduler noise of a node that is not starved.
 const stallSlack = 500 * time.Microsecond
 
-// stallClock measures how long this process was kept from running: a
-// goroutine wakes every stallPeriod and adds to the clock how much later
-// than due it woke up. On a node whose CPUs are saturated every goroutine
-// runs late, the one reading Redis' replies included, so a reply that
-// arrives in time is read late; the clock tells such a node apart from a
-// slow Redis. Costs one wake-up every 5 ms.
+// stallClock measures how long this process was kept from reacting: how
+// late its timers fire and how late the readiness of its connections
+// reaches the goroutines waiting on them. On a node whose CPUs are
+// saturated, a reply that Redis sent in time sits in the socket until the
+// runtime's poller notices it and a goroutine runs to read it; that can
+// take far longer than the reply took. The clock tells such a node apart
+// from a slow Redis.
+//
+// Every stallPeriod a goroutine wakes up (its lateness is one measure) and
+// writes a byte into a pipe that another goroutine waits to read through
+// the runtime's poller, as the Redis connections are read (the delay until
+// it reads is the other). The stall is the union of the late intervals,
+// including those still going on, so it never exceeds the time elapsed.
+// It costs a wake-up and two small system calls every 5 ms.
 type stallClock struct {
-	stalled atomic.Int64 // nanoseconds of lateness summed so far
-	last    atomic.Int64 // monotonic nanoseconds of the last wake-up
-	base    time.Time
-	stop    chan struct{}
-	done    chan struct{}
+	base time.Time
+
+	mu       sync.Mutex
+	stalled  int64 // nanoseconds of stall counted so far
+	frontier int64 // the end of the last interval counted
+
+	lastTick atomic.Int64 // when the ticker last ran
+	probe    atomic.Int64 // when the byte in the pipe was written; 0: none
+
+	r, w *os.File
+	stop chan struct{}
+	done sync.WaitGroup
 }
 
 // newStallClock starts a stall clock; stop it with close.
 func newStallClock() *stallClock {
-	c := &stallClock{base: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
-	go c.run()
+	c := &stallClock{base: time.Now(), stop: make(chan struct{})}
+	var err error
+	c.r, c.w, err = os.Pipe()
+	if err != nil { // no pipe: the timers alone are watched
+		c.r, c.w = nil, nil
+	}
+	c.done.Go(c.tick)
+	if c.r != nil {
+		c.done.Go(c.read)
+	}
 	return c
 }
 
-func (c *stallClock) run() {
-	defer close(c.done)
+// tick wakes every stallPeriod, counts how late it woke, and sends a probe
+// through the pipe when none is out.
+func (c *stallClock) tick() {
 	t := time.NewTicker(stallPeriod)
 	defer t.Stop()
 	for {
@@ -43,32 +69,76 @@ func (c *stallClock) run() {
 			return
 		case <-t.C:
 			now := c.mono()
-			if late := now - c.last.Swap(now) - int64(stallPeriod+stallSlack); late > 0 {
-				c.stalled.Add(late)
+			due := c.lastTick.Swap(now) + int64(stallPeriod)
+			c.count(due+int64(stallSlack), now)
+			if c.w != nil && c.probe.Load() == 0 {
+				c.probe.Store(now)
+				if _, err := c.w.Write([]byte{0}); err != nil {
+					c.probe.Store(0)
+				}
 			}
 		}
 	}
 }
 
+// read takes the probes out of the pipe and counts how late each arrived.
+func (c *stallClock) read() {
+	var b [1]byte
+	for {
+		if _, err := c.r.Read(b[:]); err != nil {
+			return // closed
+		}
+		now := c.mono()
+		if sent := c.probe.Swap(0); sent != 0 {
+			c.count(sent+int64(stallSlack), now)
+		}
+	}
+}
+
+// count adds the interval [from, to] to the stall, less what is counted
+// already.
+func (c *stallClock) count(from, to int64) {
+	if to <= from {
+		return
+	}
+	c.mu.Lock()
+	if to > c.frontier {
+		c.stalled += to - max(from, c.frontier)
+		c.frontier = to
+	}
+	c.mu.Unlock()
+}
+
 // mono returns the monotonic time in nanoseconds since the clock started.
 func (c *stallClock) mono() int64 { return int64(time.Since(c.base)) }
 
-// read returns the monotonic time and the stall so far, including the
-// lateness of a wake-up that is due but has not run yet (the process may be
-// stalled right now).
-func (c *stallClock) read() (now, stalled int64) {
+// now returns the monotonic time and the stall so far, including the late
+// intervals still going on: a tick that is due and has not run, a probe
+// that is in the pipe and has not been read (the process may be stalled
+// right now).
+func (c *stallClock) now() (now, stalled int64) {
 	now = c.mono()
-	stalled = c.stalled.Load()
-	if pending := now - c.last.Load() - int64(stallPeriod+stallSlack); pending > 0 {
-		stalled += pending
+	from := c.lastTick.Load() + int64(stallPeriod+stallSlack)
+	if sent := c.probe.Load(); sent != 0 {
+		from = min(from, sent+int64(stallSlack))
 	}
+	c.mu.Lock()
+	stalled = c.stalled
+	if now > from && now > c.frontier {
+		stalled += now - max(from, c.frontier)
+	}
+	c.mu.Unlock()
 	return now, stalled
 }
 
-// close stops the clock's goroutine.
+// close stops the clock's goroutines.
 func (c *stallClock) close() {
 	close(c.stop)
-	<-c.done
+	if c.w != nil {
+		_ = c.w.Close()
+		_ = c.r.Close()
+	}
+	c.done.Wait()
 }
 
 // stallMark is a moment on a stallClock: the monotonic time and the stall
@@ -77,15 +147,21 @@ type stallMark struct{ at, stalled int64 }
 
 // mark returns the current moment.
 func (c *stallClock) mark() stallMark {
-	at, st := c.read()
+	at, st := c.now()
 	return stallMark{at, st}
 }
 
 // since returns the time elapsed since m, and the part of it during which
 // the process ran (elapsed less the stall).
 func (c *stallClock) since(m stallMark) (elapsed, ran time.Duration) {
-	at, st := c.read()
+	at, st := c.now()
 	elapsed = time.Duration(at - m.at)
 	ran = elapsed - time.Duration(st-m.stalled)
 	return elapsed, max(0, ran)
+}
+
+// add counts d of stall ending now, for tests that play a starved node.
+func (c *stallClock) add(d time.Duration) {
+	now := c.mono()
+	c.count(now-int64(d), now)
 }

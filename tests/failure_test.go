@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,8 +44,16 @@ func TestFailurePolicies(t *testing.T) {
 		zone api {
 			key {header.X-User}
 			rate 1 1h
+			on_error allow
 			match {
 				path /api
+			}
+		}
+		zone plain {
+			key {header.X-User}
+			rate 4 1h
+			match {
+				path /plain
 			}
 		}
 	}
@@ -81,6 +90,14 @@ func TestFailurePolicies(t *testing.T) {
 	// this node's deny cache knows it is empty, which stays exact.
 	if got := n.statuses(5, "/api", "X-User: other"); got[200] != 5 {
 		t.Fatalf("api with redis down (allow): %v, want all admitted", got)
+	}
+	// No on_error: the default is local, on the whole limit while this
+	// node has seen no other (no fleet_size, no fleet view of others).
+	if got := n.statuses(6, "/plain", "X-User: u"); got[200] != 4 || got[429] != 2 {
+		t.Fatalf("plain with redis down (default policy): %v, want 4 admitted then 429", got)
+	}
+	if !strings.Contains(n.log.String(), "limit on this node's own buckets") {
+		t.Fatalf("the start of the local fallback is not logged:\n%s", n.log.String())
 	}
 }
 

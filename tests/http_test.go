@@ -393,6 +393,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 		}
 		zone api {
 			rate 1 1h
+			on_error allow
 		}
 	}
 	respond "ok"`, r.Addr))
