@@ -14,6 +14,7 @@ package fleetlimit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -213,6 +214,43 @@ func BenchmarkHeaders(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
 					m.write(hdr, zones, results[:n], policy)
+				}
+			})
+		}
+	}
+}
+
+// nextNop is a next handler that does nothing.
+var nextNop = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+
+// BenchmarkObservability is the handler's cost with its metrics, stats and
+// placeholders, against the same handler with disable_metrics (which keeps
+// only the placeholders): an admitted and a denied request on the memory
+// store, each with a fresh replacer as Caddy gives every request.
+func BenchmarkObservability(b *testing.B) {
+	for _, m := range []struct{ name, extra string }{{"metrics", ""}, {"disable_metrics", `,"disable_metrics":true`}} {
+		for _, denied := range []bool{false, true} {
+			name := m.name + "/admitted"
+			rate := "1000000000"
+			if denied {
+				name, rate = m.name+"/denied", "1"
+			}
+			b.Run(name, func(b *testing.B) {
+				zone := fmt.Sprintf("bench_%s_%v", m.name, denied)
+				h := benchHandler(b, fmt.Sprintf(`{"headers":"none","zones":[{"name":%q,"key":["{http.request.header.X-Key}"],"rate":%s,"per":3600000000000}]%s}`, zone, rate, m.extra))
+				h.logger = zap.NewNop() // Caddy logs at info level: a denial costs a level check
+				r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/api", nil)
+				r.Header.Set("X-Key", "hot")
+				r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), nil, nil)
+				w := httptest.NewRecorder()
+				if denied {
+					_ = h.ServeHTTP(w, r, nextNop)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					repl := caddy.NewReplacer()
+					r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+					_ = h.ServeHTTP(w, r, nextNop)
 				}
 			})
 		}

@@ -122,70 +122,83 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.DisableMetrics = true
-		case "jitter":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
+		default:
+			if err := h.unmarshalCompat(d); err != nil {
+				return err
 			}
-			j, err := strconv.ParseFloat(arg, 64)
-			if err != nil || j < 0 || j > 100 {
-				return d.Errf("jitter must be a share (0 to 1) or a percentage (up to 100), got %q", arg)
-			}
-			h.Jitter = j
-		case "sweep_interval":
+		}
+	}
+	if len(h.Zones) == 0 {
+		return start.Err("rate_limit needs at least one zone")
+	}
+	return nil
+}
+
+// unmarshalCompat sets up caddy-ratelimit's options, which fleetlimit
+// accepts so that that plugin's Caddyfiles load, and reports any other
+// subdirective as unknown.
+func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
+	switch d.Val() {
+	case "jitter":
+		var arg string
+		if !d.AllArgs(&arg) {
+			return d.ArgErr()
+		}
+		j, err := strconv.ParseFloat(arg, 64)
+		if err != nil || j < 0 || j > 100 {
+			return d.Errf("jitter must be a share (0 to 1) or a percentage (up to 100), got %q", arg)
+		}
+		h.Jitter = j
+	case "sweep_interval":
+		var arg string
+		if !d.AllArgs(&arg) {
+			return d.ArgErr()
+		}
+		dur, err := caddy.ParseDuration(arg)
+		if err != nil || dur <= 0 {
+			return d.Errf("sweep_interval must be a positive duration, got %q", arg)
+		}
+		h.SweepInterval = caddy.Duration(dur)
+	case "distributed":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		h.Distributed = new(LegacyDistributed)
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			sub := d.Val()
 			var arg string
 			if !d.AllArgs(&arg) {
 				return d.ArgErr()
 			}
 			dur, err := caddy.ParseDuration(arg)
 			if err != nil || dur <= 0 {
-				return d.Errf("sweep_interval must be a positive duration, got %q", arg)
+				return d.Errf("distributed %s must be a positive duration, got %q", sub, arg)
 			}
-			h.SweepInterval = caddy.Duration(dur)
-		case "distributed":
-			if d.NextArg() {
-				return d.ArgErr()
+			switch sub {
+			case "read_interval":
+				h.Distributed.ReadInterval = caddy.Duration(dur)
+			case "write_interval":
+				h.Distributed.WriteInterval = caddy.Duration(dur)
+			case "purge_age":
+				h.Distributed.PurgeAge = caddy.Duration(dur)
+			default:
+				return d.Errf("unknown distributed subdirective %q (want read_interval, write_interval or purge_age)", sub)
 			}
-			h.Distributed = new(LegacyDistributed)
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				sub := d.Val()
-				var arg string
-				if !d.AllArgs(&arg) {
-					return d.ArgErr()
-				}
-				dur, err := caddy.ParseDuration(arg)
-				if err != nil || dur <= 0 {
-					return d.Errf("distributed %s must be a positive duration, got %q", sub, arg)
-				}
-				switch sub {
-				case "read_interval":
-					h.Distributed.ReadInterval = caddy.Duration(dur)
-				case "write_interval":
-					h.Distributed.WriteInterval = caddy.Duration(dur)
-				case "purge_age":
-					h.Distributed.PurgeAge = caddy.Duration(dur)
-				default:
-					return d.Errf("unknown distributed subdirective %q (want read_interval, write_interval or purge_age)", sub)
-				}
-			}
-		case "storage":
-			// caddy-ratelimit's storage module: its name, and whatever
-			// arguments and block it has, are skipped (see Handler.Storage).
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			name := d.Val()
-			d.RemainingArgs()
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				d.RemainingArgs()
-			}
-			h.Storage, _ = json.Marshal(map[string]string{"module": name})
-		default:
-			return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, jitter, sweep_interval, distributed or storage)", d.Val())
 		}
-	}
-	if len(h.Zones) == 0 {
-		return start.Err("rate_limit needs at least one zone")
+	case "storage":
+		// caddy-ratelimit's storage module: its name, and whatever
+		// arguments and block it has, are skipped (see Handler.Storage).
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		name := d.Val()
+		d.RemainingArgs()
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			d.RemainingArgs()
+		}
+		h.Storage, _ = json.Marshal(map[string]string{"module": name})
+	default:
+		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, jitter, sweep_interval, distributed or storage)", d.Val())
 	}
 	return nil
 }
@@ -201,44 +214,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		switch sub {
-		case "address":
-			addrs := d.RemainingArgs()
-			if len(addrs) == 0 {
-				return d.ArgErr()
-			}
-			if c.Address != "" || len(c.Addresses) > 0 {
-				return d.Err("redis address given twice (list every Cluster node on one address line)")
-			}
-			if len(addrs) == 1 {
-				c.Address = addrs[0]
-			} else {
-				c.Addresses = addrs
-			}
-			continue
-		case "sentinel":
-			args := d.RemainingArgs()
-			if len(args) < 2 {
-				return d.Err("redis sentinel needs the master name and at least one sentinel address: sentinel <master_name> <addr>...")
-			}
-			c.SentinelMaster, c.SentinelAddresses = args[0], args[1:]
-			continue
-		case "cluster", "disable_identity":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			if sub == "cluster" {
-				c.Cluster = true
-			} else {
-				c.DisableIdentity = true
-			}
-			continue
-		case "tls":
-			if c.TLS != nil {
-				return d.Err("redis: only one tls block is allowed")
-			}
-			c.TLS = new(RedisTLS)
-			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
+		if handled, err := c.unmarshalServers(d, sub); handled || err != nil {
+			if err != nil {
 				return err
 			}
 			continue
@@ -251,58 +228,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			return d.ArgErr()
 		}
-		switch sub {
-		case "username":
-			c.Username = arg
-		case "password":
-			c.Password = arg
-		case "sentinel_username":
-			c.SentinelUsername = arg
-		case "sentinel_password":
-			c.SentinelPassword = arg
-		case "db":
-			n, err := strconv.ParseInt(arg, 10, 32)
-			if err != nil || n < 0 {
-				return d.Errf("redis db must be a non-negative integer, got %q", arg)
-			}
-			c.DB = int(n)
-		case "key_prefix":
-			c.KeyPrefix = arg
-		case "protocol":
-			if arg != "2" && arg != "3" {
-				return d.Errf("redis protocol must be 2 or 3, got %q", arg)
-			}
-			c.Protocol, _ = strconv.Atoi(arg)
-		case "timeout", "dial_timeout", "breaker_cooldown":
-			dur, err := caddy.ParseDuration(arg)
-			if err != nil || dur <= 0 {
-				return d.Errf("redis %s must be a positive duration, got %q", sub, arg)
-			}
-			switch sub {
-			case "timeout":
-				c.Timeout = caddy.Duration(dur)
-			case "dial_timeout":
-				c.DialTimeout = caddy.Duration(dur)
-			default:
-				c.BreakerCooldown = caddy.Duration(dur)
-			}
-		case "pool_size", "pipelines", "breaker_failures", "deny_cache_size":
-			n, err := strconv.ParseInt(arg, 10, 32)
-			if err != nil || n <= 0 {
-				return d.Errf("redis %s must be a positive integer, got %q", sub, arg)
-			}
-			switch sub {
-			case "pool_size":
-				c.PoolSize = int(n)
-			case "pipelines":
-				c.Pipelines = int(n)
-			case "breaker_failures":
-				c.BreakerFailures = int(n)
-			default:
-				c.DenyCacheSize = int(n)
-			}
-		default:
-			return d.Errf("unknown redis subdirective %q (want %s)", sub, redisSubdirectives)
+		if err := c.unmarshalSetting(d, sub, arg); err != nil {
+			return err
 		}
 	}
 	switch {
@@ -312,6 +239,109 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return start.Err("redis block has both sentinel and address: sentinels find the master")
 	case c.Cluster && c.SentinelMaster != "":
 		return start.Err("redis block has both cluster and sentinel")
+	}
+	return nil
+}
+
+// unmarshalServers sets up the redis subdirectives that do not take
+// exactly one argument: where the servers are, how to reach them (tls)
+// and the flags. It reports false for any other subdirective.
+func (c *RedisConfig) unmarshalServers(d *caddyfile.Dispenser, sub string) (bool, error) {
+	switch sub {
+	case "address":
+		addrs := d.RemainingArgs()
+		if len(addrs) == 0 {
+			return true, d.ArgErr()
+		}
+		if c.Address != "" || len(c.Addresses) > 0 {
+			return true, d.Err("redis address given twice (list every Cluster node on one address line)")
+		}
+		if len(addrs) == 1 {
+			c.Address = addrs[0]
+		} else {
+			c.Addresses = addrs
+		}
+	case "sentinel":
+		args := d.RemainingArgs()
+		if len(args) < 2 {
+			return true, d.Err("redis sentinel needs the master name and at least one sentinel address: sentinel <master_name> <addr>...")
+		}
+		c.SentinelMaster, c.SentinelAddresses = args[0], args[1:]
+	case "cluster", "disable_identity":
+		if d.NextArg() {
+			return true, d.ArgErr()
+		}
+		if sub == "cluster" {
+			c.Cluster = true
+		} else {
+			c.DisableIdentity = true
+		}
+	case "tls":
+		if c.TLS != nil {
+			return true, d.Err("redis: only one tls block is allowed")
+		}
+		c.TLS = new(RedisTLS)
+		return true, c.TLS.unmarshalCaddyfile(d)
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// unmarshalSetting sets up a redis subdirective that takes one argument.
+func (c *RedisConfig) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string) error {
+	switch sub {
+	case "username":
+		c.Username = arg
+	case "password":
+		c.Password = arg
+	case "sentinel_username":
+		c.SentinelUsername = arg
+	case "sentinel_password":
+		c.SentinelPassword = arg
+	case "db":
+		n, err := strconv.ParseInt(arg, 10, 32)
+		if err != nil || n < 0 {
+			return d.Errf("redis db must be a non-negative integer, got %q", arg)
+		}
+		c.DB = int(n)
+	case "key_prefix":
+		c.KeyPrefix = arg
+	case "protocol":
+		if arg != "2" && arg != "3" {
+			return d.Errf("redis protocol must be 2 or 3, got %q", arg)
+		}
+		c.Protocol, _ = strconv.Atoi(arg)
+	case "timeout", "dial_timeout", "breaker_cooldown":
+		dur, err := caddy.ParseDuration(arg)
+		if err != nil || dur <= 0 {
+			return d.Errf("redis %s must be a positive duration, got %q", sub, arg)
+		}
+		switch sub {
+		case "timeout":
+			c.Timeout = caddy.Duration(dur)
+		case "dial_timeout":
+			c.DialTimeout = caddy.Duration(dur)
+		default:
+			c.BreakerCooldown = caddy.Duration(dur)
+		}
+	case "pool_size", "pipelines", "breaker_failures", "deny_cache_size":
+		n, err := strconv.ParseInt(arg, 10, 32)
+		if err != nil || n <= 0 {
+			return d.Errf("redis %s must be a positive integer, got %q", sub, arg)
+		}
+		switch sub {
+		case "pool_size":
+			c.PoolSize = int(n)
+		case "pipelines":
+			c.Pipelines = int(n)
+		case "breaker_failures":
+			c.BreakerFailures = int(n)
+		default:
+			c.DenyCacheSize = int(n)
+		}
+	default:
+		return d.Errf("unknown redis subdirective %q (want %s)", sub, redisSubdirectives)
 	}
 	return nil
 }
@@ -364,55 +394,13 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	var costLine caddyfile.Dispenser // where cost was given, for a late error
-	var ruleLine caddyfile.Dispenser // where the rule was last given, likewise
-	var costSet bool
+	var lines zoneLines
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		switch sub {
-		case "key":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.ArgErr()
-			}
-			for _, a := range args {
-				if strings.TrimSpace(a) == "" {
-					return d.Errf("zone %q: empty key expression", z.Name)
-				}
-				if err := checkPlaceholders(a); err != nil {
-					return d.Errf("zone %q: key %q is not a valid placeholder expression: %v", z.Name, a, err)
-				}
-			}
-			z.Key = args
-			continue
-		case "rate":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
-			}
-			n, err := strconv.ParseInt(args[0], 10, 64)
-			if err != nil || n <= 0 {
-				return d.Errf("zone %q: rate must be a positive integer, got %q", z.Name, args[0])
-			}
-			if n > 1<<53 { // the adapter's JSON goes through float64
-				return d.Errf("zone %q: rate must be at most 2^53, got %q", z.Name, args[0])
-			}
-			dur, err := caddy.ParseDuration(args[1])
-			if err != nil || dur <= 0 {
-				return d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
-			}
-			z.Rate, z.Per = n, caddy.Duration(dur)
-			ruleLine = *d
-			continue
-		case "match":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+		if handled, err := z.unmarshalList(d, sub, &lines); handled || err != nil {
 			if err != nil {
 				return err
 			}
-			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 			continue
 		}
 		// The rest take exactly one argument.
@@ -420,66 +408,146 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if !d.AllArgs(&arg) {
 			return d.ArgErr()
 		}
-		var err error
-		switch sub {
-		case "burst":
-			z.Burst, err = positiveInt(arg, 64)
-			ruleLine = *d
-		case "fleet_size":
-			z.FleetSize, err = positiveInt(arg, 32)
-		case "events":
-			z.Events, err = positiveInt(arg, 54)
-			ruleLine = *d
-		case "max_delay":
-			z.MaxDelay, err = positiveDuration(arg)
-			ruleLine = *d
-		case "window":
-			z.Window, err = positiveDuration(arg)
-			ruleLine = *d
-		case "cost":
-			if strings.ContainsAny(arg, "{}") {
-				if perr := checkPlaceholders(arg); perr != nil {
-					return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, perr)
-				}
-			} else if _, err = positiveInt(arg, 64); err != nil {
-				return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
-			}
-			z.Cost, costSet, costLine = arg, true, *d
-		case "on_error":
-			if _, perr := limiter.ParsePolicy(arg); perr != nil {
-				return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
-			}
-			z.OnError = arg
-		case "algorithm":
-			if _, aerr := limiter.ParseAlgorithm(arg); aerr != nil {
-				return d.Errf("zone %q: %v", z.Name, aerr)
-			}
-			z.Algorithm, ruleLine = arg, *d
-		case "ipv4_prefix", "ipv6_prefix":
-			bits := int64(32)
-			if sub == "ipv6_prefix" {
-				bits = 128
-			}
-			n, perr := positiveInt(arg, 32)
-			if perr != nil || n > bits {
-				return d.Errf("zone %q: %s must be 1 to %d, got %q", z.Name, sub, bits, arg)
-			}
-			if sub == "ipv4_prefix" {
-				z.IPv4Prefix = int(n)
-			} else {
-				z.IPv6Prefix = int(n)
-			}
-		default:
-			return d.Errf("zone %q: unknown subdirective %q (want key, algorithm, rate, burst, max_delay, window, events, cost, on_error, fleet_size, ipv4_prefix, ipv6_prefix or match)", z.Name, sub)
-		}
-		if err != nil {
-			return d.Errf("zone %q: %s %v, got %q", z.Name, sub, err, arg)
+		if err := z.unmarshalSetting(d, sub, arg, &lines); err != nil {
+			return err
 		}
 	}
+	return z.checkCaddyfile(start, lines)
+}
+
+// zoneLines are where a zone block gave its limit and its cost, so that
+// the checks made after the block report the line of the setting at fault.
+type zoneLines struct {
+	rule    caddyfile.Dispenser // where the rule was last given
+	cost    caddyfile.Dispenser // where cost was given
+	costSet bool
+}
+
+// unmarshalList sets up the zone subdirectives that do not take exactly
+// one argument: key, rate and match. It reports false for any other.
+func (z *Zone) unmarshalList(d *caddyfile.Dispenser, sub string, lines *zoneLines) (bool, error) {
+	switch sub {
+	case "key":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return true, d.ArgErr()
+		}
+		for _, a := range args {
+			if strings.TrimSpace(a) == "" {
+				return true, d.Errf("zone %q: empty key expression", z.Name)
+			}
+			if err := checkPlaceholders(a); err != nil {
+				return true, d.Errf("zone %q: key %q is not a valid placeholder expression: %v", z.Name, a, err)
+			}
+		}
+		z.Key = args
+	case "rate":
+		args := d.RemainingArgs()
+		if len(args) != 2 {
+			return true, d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
+		}
+		n, err := strconv.ParseInt(args[0], 10, 64)
+		if err != nil || n <= 0 {
+			return true, d.Errf("zone %q: rate must be a positive integer, got %q", z.Name, args[0])
+		}
+		if n > 1<<53 { // the adapter's JSON goes through float64
+			return true, d.Errf("zone %q: rate must be at most 2^53, got %q", z.Name, args[0])
+		}
+		dur, err := caddy.ParseDuration(args[1])
+		if err != nil || dur <= 0 {
+			return true, d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
+		}
+		z.Rate, z.Per = n, caddy.Duration(dur)
+		lines.rule = *d
+	case "match":
+		if d.NextArg() {
+			return true, d.ArgErr()
+		}
+		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+		if err != nil {
+			return true, err
+		}
+		z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// unmarshalSetting sets up a zone subdirective that takes one argument.
+func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string, lines *zoneLines) error {
+	var err error
+	switch sub {
+	case "burst":
+		z.Burst, err = positiveInt(arg, 64)
+		lines.rule = *d
+	case "fleet_size":
+		z.FleetSize, err = positiveInt(arg, 32)
+	case "events":
+		z.Events, err = positiveInt(arg, 54)
+		lines.rule = *d
+	case "max_delay":
+		z.MaxDelay, err = positiveDuration(arg)
+		lines.rule = *d
+	case "window":
+		z.Window, err = positiveDuration(arg)
+		lines.rule = *d
+	case "cost":
+		if strings.ContainsAny(arg, "{}") {
+			if perr := checkPlaceholders(arg); perr != nil {
+				return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, perr)
+			}
+		} else if _, err = positiveInt(arg, 64); err != nil {
+			return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
+		}
+		z.Cost, lines.costSet, lines.cost = arg, true, *d
+	case "on_error":
+		if _, perr := limiter.ParsePolicy(arg); perr != nil {
+			return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
+		}
+		z.OnError = arg
+	case "algorithm":
+		if _, aerr := limiter.ParseAlgorithm(arg); aerr != nil {
+			return d.Errf("zone %q: %v", z.Name, aerr)
+		}
+		z.Algorithm, lines.rule = arg, *d
+	case "ipv4_prefix", "ipv6_prefix":
+		return z.unmarshalPrefix(d, sub, arg)
+	default:
+		return d.Errf("zone %q: unknown subdirective %q (want key, algorithm, rate, burst, max_delay, window, events, cost, on_error, fleet_size, ipv4_prefix, ipv6_prefix or match)", z.Name, sub)
+	}
+	if err != nil {
+		return d.Errf("zone %q: %s %v, got %q", z.Name, sub, err, arg)
+	}
+	return nil
+}
+
+// unmarshalPrefix sets up ipv4_prefix or ipv6_prefix.
+func (z *Zone) unmarshalPrefix(d *caddyfile.Dispenser, sub, arg string) error {
+	bits := int64(32)
+	if sub == "ipv6_prefix" {
+		bits = 128
+	}
+	n, err := positiveInt(arg, 32)
+	if err != nil || n > bits {
+		return d.Errf("zone %q: %s must be 1 to %d, got %q", z.Name, sub, bits, arg)
+	}
+	if sub == "ipv4_prefix" {
+		z.IPv4Prefix = int(n)
+	} else {
+		z.IPv6Prefix = int(n)
+	}
+	return nil
+}
+
+// checkCaddyfile makes the checks of a whole zone block that provisioning
+// would make, so that they come with a line of the Caddyfile: start is the
+// zone's own line.
+func (z *Zone) checkCaddyfile(start caddyfile.Dispenser, lines zoneLines) error {
 	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
 		return start.Errf("zone %q: rate is required: rate <n> <duration> (or window <duration> and events <n>)", z.Name)
 	}
-	// The checks provisioning makes, so that they come with a line here.
+	ruleLine := lines.rule
 	if ruleLine.Line() == 0 {
 		ruleLine = start
 	}
@@ -487,9 +555,9 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err != nil {
 		return ruleLine.Errf("zone %q: %v", z.Name, err)
 	}
-	if costSet && !strings.Contains(z.Cost, "{") {
+	if lines.costSet && !strings.Contains(z.Cost, "{") {
 		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > rule.Burst {
-			return costLine.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, rule.Burst)
+			return lines.cost.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, rule.Burst)
 		}
 	}
 	return nil

@@ -1,16 +1,14 @@
 package fleetlimit
 
+// What is here only for mholt/caddy-ratelimit's sake: its options that
+// fleetlimit accepts so that that plugin's Caddyfiles load unchanged (the
+// Caddyfile forms are in caddyfile.go, the window and events form of a
+// limit in algorithm.go).
+
 import (
 	"errors"
 	"math/rand/v2"
-	"net/http"
-	"strconv"
 	"time"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // provisionCompat checks caddy-ratelimit's options and warns about those
@@ -43,39 +41,4 @@ func (h *Handler) jitter(retry time.Duration) time.Duration {
 		return retry
 	}
 	return retry + time.Duration(rand.Float64()*share*float64(retry))
-}
-
-// hdrDelay reports how long a leaky bucket held the request, in
-// milliseconds.
-const hdrDelay = "X-Ratelimit-Delay"
-
-// errClientGone ends a request whose client left while it waited for its
-// turn in a leaky bucket.
-var errClientGone = errors.New("client went away while waiting for its turn")
-
-// wait holds an admitted request for its turn when a leaky bucket zone
-// delayed it, and releases it early if the client goes away.
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, zones []*Zone, results []limiter.Result) error {
-	var delay time.Duration
-	var zone *Zone
-	for i := range results {
-		if results[i].Delay > delay {
-			delay, zone = results[i].Delay, zones[i]
-		}
-	}
-	if delay <= 0 {
-		return nil
-	}
-	w.Header()[hdrDelay] = []string{strconv.FormatInt(int64((delay+time.Millisecond-1)/time.Millisecond), 10)}
-	if ce := h.logger.Check(zap.DebugLevel, "rate limit delayed request"); ce != nil {
-		ce.Write(zap.String("zone", zone.Name), zap.Duration("delay", delay))
-	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-r.Context().Done():
-		return caddyhttp.Error(499, errClientGone)
-	}
 }

@@ -1,4 +1,4 @@
-package fleetlimit
+package observe
 
 import (
 	"errors"
@@ -193,8 +193,10 @@ type breakerCollector struct {
 	desc *prometheus.Desc
 }
 
+// Describe sends the gauge's description (prometheus.Collector).
 func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
+// Collect sends each store's breaker state (prometheus.Collector).
 func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	open := map[string]float64{}
 	storeRegistry.Range(func(_, v any) bool {

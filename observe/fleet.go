@@ -1,4 +1,4 @@
-package fleetlimit
+package observe
 
 import (
 	"context"

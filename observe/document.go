@@ -1,129 +1,13 @@
-package fleetlimit
+package observe
 
 import (
 	"context"
-	"embed"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"net/http"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
-
-func init() {
-	caddy.RegisterModule(adminAPI{})
-}
-
-// adminAPI serves the rate limiter's statistics and live dashboard on
-// Caddy's admin endpoint:
-//
-//	GET /rate_limit/        the dashboard (HTML; every asset embedded)
-//	GET /rate_limit/stats   the statistics, as JSON
-//
-// It needs no configuration: Caddy mounts every admin.api module.
-type adminAPI struct{}
-
-// CaddyModule returns the Caddy module information.
-func (adminAPI) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "admin.api.rate_limit",
-		New: func() caddy.Module { return new(adminAPI) },
-	}
-}
-
-// adminBase is the path every route of the module starts with.
-const adminBase = "/rate_limit/"
-
-// Routes returns the module's admin routes.
-func (a *adminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: adminBase, Handler: caddy.AdminHandlerFunc(a.serve)}}
-}
-
-//go:embed dashboard
-var dashboardFS embed.FS
-
-// dashboardFiles are the dashboard's assets, by path under adminBase.
-var dashboardFiles = map[string]string{
-	"":              "dashboard/index.html",
-	"dashboard.js":  "dashboard/dashboard.js",
-	"dashboard.css": "dashboard/dashboard.css",
-}
-
-func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	if status, err := serveDashboard(w, r, strings.TrimPrefix(r.URL.Path, adminBase)); err != nil {
-		return caddy.APIError{HTTPStatus: status, Err: err}
-	}
-	return nil
-}
-
-// serveDashboard serves one of the dashboard's resources by name ("" for
-// the page, "stats" for the statistics), or returns an error and its HTTP
-// status. The admin API and the rate_limit_dashboard handler share it.
-func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)
-	}
-	if name == "stats" {
-		return serveStats(w, r)
-	}
-	file, ok := dashboardFiles[name]
-	if !ok {
-		return http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path)
-	}
-	body, err := dashboardFS.ReadFile(file)
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	h := w.Header()
-	switch {
-	case strings.HasSuffix(file, ".html"):
-		h.Set("Content-Type", "text/html; charset=utf-8")
-	case strings.HasSuffix(file, ".js"):
-		h.Set("Content-Type", "text/javascript; charset=utf-8")
-	case strings.HasSuffix(file, ".css"):
-		h.Set("Content-Type", "text/css; charset=utf-8")
-	}
-	// Nothing but these files: no inline script, no other origin.
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	if r.Method == http.MethodGet {
-		_, _ = w.Write(body)
-	}
-	return 0, nil
-}
-
-func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
-	series := seriesSeconds
-	if v := r.URL.Query().Get("series"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > seriesSeconds {
-			return http.StatusBadRequest, fmt.Errorf("series must be 0 to %d seconds", seriesSeconds)
-		}
-		series = n
-	}
-	body, err := json.Marshal(collectStats(r.Context(), time.Now(), series))
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	if r.Method == http.MethodGet {
-		_, _ = w.Write(body)
-	}
-	return 0, nil
-}
 
 // statsBody is the body of GET /rate_limit/stats.
 type statsBody struct {
@@ -287,7 +171,19 @@ func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
 	})
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
 
-	// The fleet's counts: one read per Redis store, for its zones.
+	fleets := readFleets(ctx, stores, zones, series)
+	for _, z := range zones {
+		out.Zones = append(out.Zones, z.document(sec, series, fleets))
+	}
+	for _, s := range stores {
+		out.Stores = append(out.Stores, s.snapshot(sec))
+	}
+	return out
+}
+
+// readFleets reads the fleet's counts: one read per Redis store, for its
+// zones.
+func readFleets(ctx context.Context, stores []*storeStats, zones []*zoneStats, series int) map[*storeStats]*fleetRead {
 	fleets := map[*storeStats]*fleetRead{}
 	for _, s := range stores {
 		if s.fleet == nil {
@@ -305,53 +201,52 @@ func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
 		view, err := s.fleet.read(ctx, names, max(series, 60))
 		fleets[s] = &fleetRead{view: view, err: err}
 	}
+	return fleets
+}
 
+// document reports the zone at unix second sec, with series seconds of
+// per-second counts and its part of the fleet's counts.
+func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*fleetRead) statsZone {
 	last := sec - 1 // the last whole second
-	for _, z := range zones {
-		info := z.info.Load()
-		zj := statsZone{
-			Name:          z.name,
-			Totals:        countsOf(z.loadTotals()),
-			DenyCacheHits: z.hits.Load(),
-			Rates: statsWindows{
-				One:   ratesOf(z.ring.sum(last, 1), 1),
-				Ten:   ratesOf(z.ring.sum(last, 10), 10),
-				Sixty: ratesOf(z.ring.sum(last, 60), 60),
-			},
-		}
-		if info != nil {
-			zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
-		}
-		store := z.store.Load()
-		if store != nil {
-			zj.Store = store.name
-		}
-		items, since := z.top.top(sec, topReport)
-		hashed := info == nil || !info.logKey
-		zj.TopDenied = statsTop{Since: since, Hashed: hashed, Keys: make([]statsTopKey, 0, len(items))}
-		for _, it := range items {
-			key := it.key
-			if hashed {
-				key = limiter.KeyDigest(key)
-			}
-			zj.TopDenied.Keys = append(zj.TopDenied.Keys, statsTopKey{Key: key, Denied: it.count, Error: it.over})
-		}
-		if series > 0 {
-			zj.Series = &statsSeries{End: last, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
-			for i := range series {
-				c := z.ring.get(last - int64(series-1-i))
-				zj.Series.Allowed[i], zj.Series.Denied[i] = passed(c), rejected(c)
-			}
-		}
-		if fr := fleets[store]; fr != nil {
-			zj.Fleet = fr.zone(z.name, series)
-		}
-		out.Zones = append(out.Zones, zj)
+	info := z.info.Load()
+	zj := statsZone{
+		Name:          z.name,
+		Totals:        countsOf(z.loadTotals()),
+		DenyCacheHits: z.hits.Load(),
+		Rates: statsWindows{
+			One:   ratesOf(z.ring.sum(last, 1), 1),
+			Ten:   ratesOf(z.ring.sum(last, 10), 10),
+			Sixty: ratesOf(z.ring.sum(last, 60), 60),
+		},
 	}
-	for _, s := range stores {
-		out.Stores = append(out.Stores, s.snapshot(sec))
+	if info != nil {
+		zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
 	}
-	return out
+	store := z.store.Load()
+	if store != nil {
+		zj.Store = store.name
+	}
+	items, since := z.top.top(sec, topReport)
+	hashed := info == nil || !info.logKey
+	zj.TopDenied = statsTop{Since: since, Hashed: hashed, Keys: make([]statsTopKey, 0, len(items))}
+	for _, it := range items {
+		key := it.key
+		if hashed {
+			key = limiter.KeyDigest(key)
+		}
+		zj.TopDenied.Keys = append(zj.TopDenied.Keys, statsTopKey{Key: key, Denied: it.count, Error: it.over})
+	}
+	if series > 0 {
+		zj.Series = &statsSeries{End: last, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
+		for i := range series {
+			c := z.ring.get(last - int64(series-1-i))
+			zj.Series.Allowed[i], zj.Series.Denied[i] = passed(c), rejected(c)
+		}
+	}
+	if fr := fleets[store]; fr != nil {
+		zj.Fleet = fr.zone(z.name, series)
+	}
+	return zj
 }
 
 func passed(c [limiter.NumOutcomes]uint64) uint64 {
@@ -460,8 +355,3 @@ func (s *storeStats) snapshot(now int64) statsStore {
 	}
 	return sj
 }
-
-// Interface guards
-var (
-	_ caddy.AdminRouter = (*adminAPI)(nil)
-)

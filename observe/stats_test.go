@@ -1,131 +1,13 @@
-package fleetlimit
+package observe
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
-
-func adminGet(t *testing.T, method, path string) (*httptest.ResponseRecorder, error) {
-	t.Helper()
-	w := httptest.NewRecorder()
-	err := (&adminAPI{}).serve(w, httptest.NewRequest(method, path, nil))
-	return w, err
-}
-
-func apiStatus(err error) int {
-	var ae caddy.APIError
-	if errors.As(err, &ae) {
-		return ae.HTTPStatus
-	}
-	return 0
-}
-
-func TestAdminRoutes(t *testing.T) {
-	t.Parallel()
-	if r := (&adminAPI{}).Routes(); len(r) != 1 || r[0].Pattern != "/rate_limit/" {
-		t.Fatalf("routes %+v", r)
-	}
-	for _, c := range []struct{ path, ctype, contains string }{
-		{"/rate_limit/", "text/html; charset=utf-8", `<script src="dashboard.js" defer crossorigin="anonymous">`},
-		{"/rate_limit/dashboard.js", "text/javascript; charset=utf-8", "fetch(\"stats\""},
-		{"/rate_limit/dashboard.css", "text/css; charset=utf-8", "svg.chart"},
-	} {
-		w, err := adminGet(t, http.MethodGet, c.path)
-		if err != nil {
-			t.Fatalf("%s: %v", c.path, err)
-		}
-		if got := w.Header().Get("Content-Type"); got != c.ctype {
-			t.Errorf("%s: Content-Type %q, want %q", c.path, got, c.ctype)
-		}
-		if csp := w.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
-			t.Errorf("%s: Content-Security-Policy %q", c.path, csp)
-		}
-		if !strings.Contains(w.Body.String(), c.contains) {
-			t.Errorf("%s: body lacks %q", c.path, c.contains)
-		}
-	}
-	// Every asset is embedded: nothing refers to another origin.
-	for _, file := range dashboardFiles {
-		body, _ := dashboardFS.ReadFile(file)
-		for _, ref := range []string{"http://", "https://", "//cdn"} {
-			if strings.Contains(strings.ReplaceAll(string(body), "http://www.w3.org/2000/svg", ""), ref) {
-				t.Errorf("%s refers to %q: every asset must be embedded", file, ref)
-			}
-		}
-	}
-	if w, err := adminGet(t, http.MethodHead, "/rate_limit/"); err != nil || w.Body.Len() != 0 {
-		t.Errorf("HEAD: err %v, body %d bytes", err, w.Body.Len())
-	}
-	if _, err := adminGet(t, http.MethodGet, "/rate_limit/nope"); apiStatus(err) != http.StatusNotFound {
-		t.Errorf("unknown path: %v, want 404", err)
-	}
-	if _, err := adminGet(t, http.MethodPost, "/rate_limit/stats"); apiStatus(err) != http.StatusMethodNotAllowed {
-		t.Errorf("POST: %v, want 405", err)
-	}
-	if _, err := adminGet(t, http.MethodGet, "/rate_limit/stats?series=9999"); apiStatus(err) != http.StatusBadRequest {
-		t.Errorf("series=9999: %v, want 400", err)
-	}
-}
-
-func TestAdminStatsJSON(t *testing.T) {
-	t.Parallel()
-	const zone = "unit_admin"
-	h, _, _ := obsHandler(t, zoneConfig(zone, ""))
-	for range 4 {
-		serve(t, h, "x")
-	}
-	w, err := adminGet(t, http.MethodGet, "/rate_limit/stats?series=10")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ct := w.Header().Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type %q", ct)
-	}
-	var body map[string]any
-	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
-		t.Fatalf("%v: %s", err, w.Body.String())
-	}
-	var z map[string]any
-	for _, v := range body["zones"].([]any) {
-		if m := v.(map[string]any); m["name"] == zone {
-			z = m
-		}
-	}
-	if z == nil {
-		t.Fatalf("zone %s missing: %s", zone, w.Body.String())
-	}
-	totals := z["totals"].(map[string]any)
-	if totals["allowed"] != 3.0 || totals["denied"] != 1.0 {
-		t.Errorf("totals %v", totals)
-	}
-	for _, window := range []string{"1s", "10s", "60s"} {
-		if _, ok := z["rates"].(map[string]any)[window].(map[string]any)["denied"]; !ok {
-			t.Errorf("rates lack the %s window: %v", window, z["rates"])
-		}
-	}
-	if n := len(z["series"].(map[string]any)["allowed"].([]any)); n != 10 {
-		t.Errorf("series of %d seconds, want 10", n)
-	}
-	var memory bool
-	for _, s := range body["stores"].([]any) {
-		m := s.(map[string]any)
-		memory = memory || (m["name"] == "memory" && m["status"] == "ok")
-	}
-	if !memory {
-		t.Errorf("stores %v lack the memory store", body["stores"])
-	}
-}
 
 func TestCounterRing(t *testing.T) {
 	t.Parallel()

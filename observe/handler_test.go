@@ -1,4 +1,9 @@
-package fleetlimit
+package observe_test
+
+// Tests that drive the rate_limit handler, as Caddy runs it, and read what
+// it reports. They import package fleetlimit, which imports this package, so
+// they live in package observe_test and reach the internals they read
+// through export_test.go.
 
 import (
 	"context"
@@ -6,19 +11,32 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/zap"
 
+	fleetlimit "github.com/fleetlimit/caddy-fleetlimit"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
+
+// The internals read here (see export_test.go).
+var (
+	collectStats = observe.CollectStats
+	gather       = observe.Gather
+	adminGet     = observe.AdminGet
+	zoneRegistry = observe.ZoneRegistry
+)
+
+type (
+	statsBody = observe.StatsBody
+	statsZone = observe.StatsZone
+)
+
+const seriesSeconds = observe.SeriesSeconds
 
 // Zone names are process-wide in the stats registry: every test here uses
 // its own.
@@ -26,7 +44,7 @@ import (
 // obsHandler provisions a rate_limit handler from its JSON in a config
 // context of its own (with its own metrics registry); cancel cleans it up,
 // as unloading the config does.
-func obsHandler(t testing.TB, raw string) (*Handler, caddy.Context, context.CancelFunc) {
+func obsHandler(t testing.TB, raw string) (*fleetlimit.Handler, caddy.Context, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	mod, err := ctx.LoadModuleByID("http.handlers.rate_limit", json.RawMessage(raw))
@@ -37,14 +55,14 @@ func obsHandler(t testing.TB, raw string) (*Handler, caddy.Context, context.Canc
 	var once sync.Once
 	stop := func() { once.Do(cancel) }
 	t.Cleanup(stop)
-	return mod.(*Handler), ctx, stop
+	return mod.(*fleetlimit.Handler), ctx, stop
 }
 
 var nextOK = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 
 // serve sends one request with header X-Key: key through h and returns the
 // status and the request's replacer.
-func serve(t testing.TB, h *Handler, key string) (int, *caddy.Replacer) {
+func serve(t testing.TB, h *fleetlimit.Handler, key string) (int, *caddy.Replacer) {
 	t.Helper()
 	r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/api", nil)
 	r.RemoteAddr = "192.0.2.7:41234"
@@ -74,47 +92,6 @@ func asHandlerError(err error, he *caddyhttp.HandlerError) bool {
 
 func zoneConfig(zone string, extra string) string {
 	return fmt.Sprintf(`{"zones":[{"name":%q,"key":["{http.request.header.X-Key}"],"rate":3,"per":3600000000000}]%s}`, zone, extra)
-}
-
-// gather returns the value of one series of a registry (and whether it is
-// there): name, then label pairs.
-func gather(t *testing.T, reg *prometheus.Registry, name string, labels ...string) (float64, bool) {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gathering: %v", err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue metric
-				}
-			}
-			return value(m), true
-		}
-	}
-	return 0, false
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Histogram != nil:
-		return float64(m.Histogram.GetSampleCount())
-	}
-	return 0
 }
 
 func findZone(t *testing.T, stats *statsBody, name string) *statsZone {
@@ -254,48 +231,6 @@ func TestDisableMetrics(t *testing.T) {
 	}
 }
 
-func TestZoneOutcome(t *testing.T) {
-	t.Parallel()
-	rule := func(p limiter.Policy) *limiter.Rule {
-		r, err := limiter.NewRule("z", 1, time.Second, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.SetFailurePolicy(p, 1); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	allow, deny, local := rule(limiter.PolicyAllow), rule(limiter.PolicyDeny), rule(limiter.PolicyLocal)
-	yes, no := &limiter.Result{Allowed: true}, &limiter.Result{}
-	unknown := &limiter.Result{Allowed: true, Unknown: true}
-	for _, c := range []struct {
-		outcome limiter.Outcome
-		rule    *limiter.Rule
-		res     *limiter.Result
-		want    limiter.Outcome
-		ok      bool
-	}{
-		{limiter.Admitted, allow, yes, limiter.Admitted, true},
-		{limiter.Denied, allow, no, limiter.Denied, true},
-		{limiter.Denied, allow, yes, 0, false},     // another zone denied
-		{limiter.Denied, allow, unknown, 0, false}, // a cached denial elsewhere
-		{limiter.FailedOpen, allow, unknown, limiter.FailedOpen, true},
-		{limiter.FailedClosed, deny, &limiter.Result{Unknown: true}, limiter.FailedClosed, true},
-		{limiter.FailedClosed, allow, unknown, 0, false},
-		{limiter.LocalAdmitted, local, yes, limiter.LocalAdmitted, true},
-		{limiter.LocalAdmitted, allow, unknown, limiter.FailedOpen, true},
-		{limiter.LocalDenied, local, no, limiter.LocalDenied, true},
-		{limiter.LocalDenied, local, yes, 0, false},
-		{limiter.LocalDenied, allow, unknown, 0, false},
-	} {
-		got, ok := zoneOutcome(c.outcome, c.rule, c.res)
-		if ok != c.ok || (ok && got != c.want) {
-			t.Errorf("zoneOutcome(%v, %v, %+v) = %v, %v; want %v, %v", c.outcome, c.rule.OnError, *c.res, got, ok, c.want, c.ok)
-		}
-	}
-}
-
 // TestConcurrentObservation runs requests and stats readers at once (for
 // the race detector) and checks that no count is lost.
 func TestConcurrentObservation(t *testing.T) {
@@ -336,83 +271,51 @@ func TestConcurrentObservation(t *testing.T) {
 	}
 }
 
-func TestStoreNames(t *testing.T) {
+func TestAdminStatsJSON(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		redis *RedisConfig
-		want  string
-	}{
-		{nil, "memory"},
-		{&RedisConfig{Address: "10.0.0.1:6379", Password: "secret"}, "redis:10.0.0.1:6379"},
-		{&RedisConfig{Address: "10.0.0.1:6379", DB: 2}, "redis:10.0.0.1:6379/2"},
-		{&RedisConfig{Addresses: []string{"a:1", "b:2"}}, "cluster:a:1,b:2"},
-		{&RedisConfig{Address: "a:1", Cluster: true}, "cluster:a:1"},
-		{&RedisConfig{SentinelMaster: "mymaster", SentinelAddresses: []string{"s:26379"}}, "sentinel:mymaster"},
-	} {
-		h := &Handler{Redis: c.redis}
-		if got := h.storeName(); got != c.want || strings.Contains(got, "secret") {
-			t.Errorf("storeName(%+v) = %q, want %q", c.redis, got, c.want)
-		}
+	const zone = "unit_admin"
+	h, _, _ := obsHandler(t, zoneConfig(zone, ""))
+	for range 4 {
+		serve(t, h, "x")
 	}
-}
-
-// BenchmarkObservability is the handler's cost with its metrics, stats and
-// placeholders, against the same handler with disable_metrics (which keeps
-// only the placeholders): an admitted and a denied request on the memory
-// store, each with a fresh replacer as Caddy gives every request.
-func BenchmarkObservability(b *testing.B) {
-	for _, m := range []struct{ name, extra string }{{"metrics", ""}, {"disable_metrics", `,"disable_metrics":true`}} {
-		for _, denied := range []bool{false, true} {
-			name := m.name + "/admitted"
-			rate := "1000000000"
-			if denied {
-				name, rate = m.name+"/denied", "1"
-			}
-			b.Run(name, func(b *testing.B) {
-				zone := fmt.Sprintf("bench_%s_%v", m.name, denied)
-				h, _, _ := obsHandler(b, fmt.Sprintf(`{"headers":"none","zones":[{"name":%q,"key":["{http.request.header.X-Key}"],"rate":%s,"per":3600000000000}]%s}`, zone, rate, m.extra))
-				h.logger = zap.NewNop() // Caddy logs at info level: a denial costs a level check
-				r := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/api", nil)
-				r.Header.Set("X-Key", "hot")
-				r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), nil, nil)
-				w := httptest.NewRecorder()
-				if denied {
-					_ = h.ServeHTTP(w, r, nextOK)
-				}
-				b.ReportAllocs()
-				for b.Loop() {
-					repl := caddy.NewReplacer()
-					r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-					_ = h.ServeHTTP(w, r, nextOK)
-				}
-			})
-		}
-	}
-}
-
-// TestSeriesUsers: a store's series stay while any stats value uses them
-// (a twin store of the same name, or the successor of a reload), and go
-// with the last.
-func TestSeriesUsers(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	if err := registerMetrics(reg); err != nil {
+	w, err := adminGet(t, http.MethodGet, "/rate_limit/stats?series=10")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := registerMetrics(reg); err != nil {
-		t.Fatalf("registering twice: %v", err)
+	if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
 	}
-	const name = "redis:unit-twins:6379"
-	a := claimStoreSeries(name)
-	b := claimStoreSeries(name)
-	a.errors[reasonTimeout].Inc()
-	b.errors[reasonTimeout].Inc()
-	releaseStoreSeries(name)
-	if got, _ := gather(t, reg, "caddy_rate_limit_store_errors_total", "store", name, "reason", "timeout"); got != 2 {
-		t.Fatalf("after one of two users left: %v, want 2", got)
+	var body map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("%v: %s", err, w.Body.String())
 	}
-	releaseStoreSeries(name)
-	if _, ok := gather(t, reg, "caddy_rate_limit_store_errors_total", "store", name); ok {
-		t.Fatal("the series outlived their last user")
+	var z map[string]any
+	for _, v := range body["zones"].([]any) {
+		if m := v.(map[string]any); m["name"] == zone {
+			z = m
+		}
+	}
+	if z == nil {
+		t.Fatalf("zone %s missing: %s", zone, w.Body.String())
+	}
+	totals := z["totals"].(map[string]any)
+	if totals["allowed"] != 3.0 || totals["denied"] != 1.0 {
+		t.Errorf("totals %v", totals)
+	}
+	for _, window := range []string{"1s", "10s", "60s"} {
+		if _, ok := z["rates"].(map[string]any)[window].(map[string]any)["denied"]; !ok {
+			t.Errorf("rates lack the %s window: %v", window, z["rates"])
+		}
+	}
+	if n := len(z["series"].(map[string]any)["allowed"].([]any)); n != 10 {
+		t.Errorf("series of %d seconds, want 10", n)
+	}
+	var memory bool
+	for _, s := range body["stores"].([]any) {
+		m := s.(map[string]any)
+		memory = memory || (m["name"] == "memory" && m["status"] == "ok")
+	}
+	if !memory {
+		t.Errorf("stores %v lack the memory store", body["stores"])
 	}
 }

@@ -1,0 +1,194 @@
+// Package fleetlimit is a Caddy HTTP handler, rate_limit, that gives a whole
+// fleet of Caddy nodes one global rate limit per client: every decision is
+// one atomic Lua script in a shared Redis (or, with no Redis configured, the
+// same arithmetic in process memory). The limiter itself lives in package
+// limiter, and what the handler reports (placeholders, events, metrics,
+// statistics, the admin API and dashboard) in package observe; this package
+// is the Caddy module: its configuration (config.go, zone.go,
+// redisconfig.go, caddyfile.go, compat.go), provisioning and the request
+// path (handler.go, stores.go, keyexpr.go, headers.go).
+package fleetlimit
+
+import (
+	"encoding/json"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler limits the rate of requests per client, in one or more zones. A
+// request passes only if every zone that applies to it admits it, and a
+// request denied by any zone is charged to none. With a Redis store every
+// Caddy node that points at the same Redis shares one bucket per client and
+// zone, so a client gets the limit once across the fleet.
+//
+// Denied requests get status 429 as a handler error, so `handle_errors` can
+// shape the response; the placeholder `{http.rate_limit.exceeded.name}`
+// names the zone that denied. Every response a zone decided carries the
+// IETF `RateLimit-Policy` and `RateLimit` fields and/or the legacy
+// `X-RateLimit-*` fields, and a denial carries `Retry-After`.
+type Handler struct {
+	// Redis shares the buckets through a Redis server. Without it the
+	// buckets live in this process's memory (one node's limit).
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Zones are the limits, decided in this order. At least one is
+	// required.
+	Zones []*Zone `json:"zones,omitempty"`
+
+	// Headers chooses the rate limit header fields on responses: `ietf`
+	// (RateLimit-Policy and RateLimit, draft-ietf-httpapi-ratelimit-headers),
+	// `legacy` (X-RateLimit-Limit, -Remaining, -Reset), `both` or `none`.
+	// Default: `both`.
+	Headers string `json:"headers,omitempty"`
+
+	// LogKey writes client keys into logs as they are. By default logs
+	// carry only a one-way digest of the key, since keys are often API
+	// keys or user ids.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// Jitter adds, at random, up to this share of the wait to
+	// Retry-After, so that denied clients do not all come back at once:
+	// 0.2 and 20 both mean up to 20% (caddy-ratelimit's option). Default:
+	// none.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// SweepInterval is how often the memory store drops idle buckets
+	// (caddy-ratelimit's option). The store is shared by the whole
+	// process: the value of the configuration that creates it holds.
+	// Default: 1m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Distributed is caddy-ratelimit's distributed mode, accepted so that
+	// its Caddyfiles load unchanged, and ignored with a warning:
+	// fleetlimit shares state through Redis (the redis block), exactly.
+	Distributed *LegacyDistributed `json:"distributed,omitempty"`
+
+	// Storage is caddy-ratelimit's storage module for its distributed
+	// mode: accepted and ignored with a warning, like Distributed.
+	Storage json.RawMessage `json:"storage,omitempty"`
+
+	// DisableMetrics turns off this handler's Prometheus metrics and its
+	// statistics in the admin API (dashboard and fleet view included).
+	// Placeholders, events and logs stay. Default: metrics on.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	obs      *observe.Handler // placeholders, events, metrics and stats
+	headers  headerMode
+	limiter  *limiter.Limiter
+	poolKey  string
+	localKey string // the memory store of local fallback buckets, if any
+	logger   *zap.Logger
+	anyMatch bool // some zone has matchers
+	policy   string
+}
+
+// RedisConfig connects the handler to Redis. Handlers with the same
+// connection settings share one client, which survives config reloads.
+type RedisConfig struct {
+	// Address is the server's host:port.
+	Address string `json:"address,omitempty"`
+	// Addresses are the seed nodes of a Redis Cluster (any reachable
+	// node will do; the client discovers the rest).
+	Addresses []string `json:"addresses,omitempty"`
+	// Cluster selects Redis Cluster with a single seed Address. Several
+	// addresses always mean a Cluster.
+	Cluster bool `json:"cluster,omitempty"`
+	// SentinelMaster is the master name that Redis Sentinel monitors;
+	// with it, SentinelAddresses list the sentinels, which tell the
+	// client where the master is, also after a failover.
+	SentinelMaster    string   `json:"sentinel_master,omitempty"`
+	SentinelAddresses []string `json:"sentinel_addresses,omitempty"`
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// ({env.*} placeholders are expanded; never logged).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+	// Username is the ACL user; {env.*} placeholders are expanded.
+	Username string `json:"username,omitempty"`
+	// Password authenticates; {env.*} placeholders are expanded. It is
+	// never logged.
+	Password string `json:"password,omitempty"`
+	// DB is the database number (not with a Cluster). Default: 0.
+	DB int `json:"db,omitempty"`
+	// TLS encrypts every connection (servers and sentinels).
+	TLS *RedisTLS `json:"tls,omitempty"`
+	// PoolSize is the most connections per Redis server and node.
+	// Default: pipelines + 2 (one per pipeline, and two for the rest:
+	// script loads, health checks, the fleet view).
+	PoolSize int `json:"pool_size,omitempty"`
+	// Pipelines is how many round trips to Redis a node keeps in flight at
+	// once. The decisions that arrive while they are all out wait and go
+	// together in the next one, as one script call. Default: 1, the least
+	// CPU per decision on the node and in Redis; raise it for a distant
+	// Redis, where a decision would otherwise wait up to a long round trip
+	// for the one in flight.
+	Pipelines int `json:"pipelines,omitempty"`
+	// DialTimeout bounds opening a connection. Default: 1s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+	// Protocol is the RESP version, 2 or 3. Default: 3, falling back to 2
+	// when the server does not speak 3.
+	Protocol int `json:"protocol,omitempty"`
+	// DisableIdentity skips CLIENT SETINFO on connect, for proxies and
+	// managed services that reject it (use with protocol 2 for those that
+	// reject HELLO too).
+	DisableIdentity bool `json:"disable_identity,omitempty"`
+	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// Timeout bounds each decision; when it runs out the request passes
+	// (fails open). Default: 25ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// DenyCacheSize is how many denied buckets each node remembers, to
+	// deny a flood on them without asking Redis until a token can be
+	// there again (exact: tokens cannot appear sooner). Default: 65536.
+	DenyCacheSize int `json:"deny_cache_size,omitempty"`
+	// BreakerFailures is how many consecutive failed round trips to Redis
+	// (however many decisions each carried) open the circuit breaker,
+	// after which Redis is not called for
+	// BreakerCooldown and every zone applies its failure policy at once.
+	// Default: 5.
+	BreakerFailures int `json:"breaker_failures,omitempty"`
+	// BreakerCooldown is how long an open breaker keeps decisions away
+	// from Redis; then one request probes it, and its success closes the
+	// breaker. Default: 1s.
+	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+}
+
+// LegacyDistributed is caddy-ratelimit's distributed block, kept only so
+// that its configurations load.
+type LegacyDistributed struct {
+	// ReadInterval, WriteInterval and PurgeAge are that plugin's timings.
+	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
+	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
+	PurgeAge      caddy.Duration `json:"purge_age,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust. Default:
+	// the system's.
+	CA string `json:"ca,omitempty"`
+	// Cert and Key are PEM files of a client certificate, for servers
+	// that require one.
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// ServerName is the name to verify in the server's certificate.
+	// Default: the host of the address.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}

@@ -1,0 +1,385 @@
+package fleetlimit
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
+)
+
+// exceededPlaceholder names the zone that denied a request.
+const exceededPlaceholder = "http.rate_limit.exceeded.name"
+
+// Provision sets up the zones, the store, the observability and the
+// limiter.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	mode, err := parseHeaderMode(h.Headers)
+	if err != nil {
+		return err
+	}
+	h.headers = mode
+	if err := h.provisionCompat(); err != nil {
+		return err
+	}
+	if err := h.provisionZones(ctx); err != nil {
+		return err
+	}
+	store, key, err := h.provisionStore()
+	if err != nil {
+		return err
+	}
+	h.poolKey = key
+	opt, err := h.limiterOptions()
+	if err != nil {
+		return err
+	}
+	if err := h.provisionObservability(ctx, store); err != nil {
+		return err
+	}
+	opt.Observer = h.obs.Observer()
+	h.limiter = limiter.New(store, opt)
+	return nil
+}
+
+// provisionZones provisions every zone and the handler's RateLimit-Policy
+// field.
+func (h *Handler) provisionZones(ctx caddy.Context) error {
+	if len(h.Zones) == 0 {
+		return errors.New("rate_limit: at least one zone is required")
+	}
+	seen := make(map[string]bool, len(h.Zones))
+	policies := make([]string, 0, len(h.Zones))
+	for i, z := range h.Zones {
+		if z == nil {
+			return fmt.Errorf("rate_limit: zone %d is empty", i)
+		}
+		if seen[z.Name] {
+			return fmt.Errorf("rate_limit: duplicate zone name %q", z.Name)
+		}
+		seen[z.Name] = true
+		if err := z.provision(ctx); err != nil {
+			return fmt.Errorf("rate_limit: zone %q: %w", z.Name, err)
+		}
+		h.anyMatch = h.anyMatch || len(z.matchers) > 0
+		policies = append(policies, z.policy)
+	}
+	h.policy = strings.Join(policies, ", ")
+	return nil
+}
+
+// limiterOptions returns the limiter's options: the deny cache of a Redis
+// store, and the memory store of the local fallback buckets when a zone
+// has the local policy.
+func (h *Handler) limiterOptions() (limiter.Options, error) {
+	opt := limiter.Options{Log: h.logger}
+	if h.Redis != nil {
+		// A new configuration starts with an empty cache: its rules
+		// may differ.
+		opt.Cache = limiter.NewDenyCache(h.Redis.DenyCacheSize)
+	}
+	for _, z := range h.Zones {
+		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {
+			// The fallback buckets live in this node's memory store,
+			// which outlives reloads like the Redis client does.
+			local, err := loadMemoryStore(time.Duration(h.SweepInterval))
+			if err != nil {
+				return opt, err
+			}
+			h.localKey, opt.Local = memoryPoolKey, local
+		}
+	}
+	return opt, nil
+}
+
+// provisionObservability sets up the placeholders, events, metrics and
+// statistics of the handler and its zones (released by Cleanup).
+func (h *Handler) provisionObservability(ctx caddy.Context, store limiter.Store) error {
+	rules := make([]*limiter.Rule, len(h.Zones))
+	for i, z := range h.Zones {
+		rules[i] = z.rule
+	}
+	obs, err := observe.New(ctx, observe.Config{
+		Rules:          rules,
+		Store:          store,
+		StoreKey:       h.poolKey,
+		StoreName:      h.storeName(),
+		LogKey:         h.LogKey,
+		DisableMetrics: h.DisableMetrics,
+	})
+	if err != nil {
+		return err
+	}
+	h.obs = obs
+	for i, z := range h.Zones {
+		z.obs = obs.Zone(i)
+	}
+	return nil
+}
+
+// Validate checks the configuration after provisioning.
+func (h *Handler) Validate() error {
+	if h.limiter == nil {
+		return errors.New("rate_limit: not provisioned")
+	}
+	return nil
+}
+
+// Cleanup releases the stores; the last handler using one closes it.
+func (h *Handler) Cleanup() error {
+	var err error
+	if h.obs != nil {
+		err = h.obs.Cleanup() // first: it may stop a reporter using the store
+	}
+	for _, key := range []string{h.poolKey, h.localKey} {
+		if key != "" {
+			if _, e := stores.Delete(key); e != nil {
+				err = e
+			}
+		}
+	}
+	return err
+}
+
+// maxInlineZones is how many zones a request can have without the handler
+// allocating its scratch space.
+const maxInlineZones = 8
+
+// scratch is the space one request's decision works in, recycled so that
+// a decision allocates nothing for it.
+type scratch struct {
+	reqs    [maxInlineZones]limiter.Request
+	results [maxInlineZones]limiter.Result
+	zones   [maxInlineZones]*Zone
+	obs     [maxInlineZones]*observe.Zone // the zones' observability
+}
+
+// scratchPool recycles the scratch space of decisions.
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// ServeHTTP decides the request against every zone that applies to it, and
+// passes it on when every zone admits it.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	sc := scratchPool.Get().(*scratch)
+	pass, err := h.limit(w, r, sc)
+	*sc = scratch{} // drop the keys and zones it refers to
+	scratchPool.Put(sc)
+	if !pass {
+		return err
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// limit decides a request, writes the rate limit fields, and reports
+// whether it may pass, or the error that answers it.
+func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	reqs, zones, obs := sc.reqs[:0], sc.zones[:0], sc.obs[:0]
+	for _, z := range h.Zones {
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return false, caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		cost, ok := z.costOf(repl)
+		if !ok {
+			return false, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
+		}
+		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(r, repl), Cost: cost})
+		zones = append(zones, z)
+		obs = append(obs, z.obs)
+	}
+	if len(reqs) == 0 {
+		return true, nil
+	}
+	results := sc.results[:]
+	if len(reqs) > len(results) {
+		results = make([]limiter.Result, len(reqs))
+	}
+	results = results[:len(reqs)]
+
+	outcome := h.limiter.Decide(r.Context(), reqs, results)
+	// Before known() drops the zones a cached denial left unconsulted.
+	h.obs.Decided(repl, outcome, obs, reqs, results)
+	switch outcome {
+	case limiter.FailedOpen:
+		return true, nil
+	case limiter.FailedClosed:
+		return false, h.unavailable(w, results)
+	}
+	// The policy names every zone that applies; the current state only
+	// the zones that were consulted.
+	policy := h.policy
+	if len(zones) != len(h.Zones) {
+		policy = policyOf(zones)
+	}
+	reqs, zones, results = known(reqs, zones, results)
+	h.headers.write(w.Header(), zones, results, policy)
+	if outcome == limiter.Admitted || outcome == limiter.LocalAdmitted {
+		if err := h.wait(w, r, zones, results); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	return false, h.deny(w, repl, reqs, zones, results)
+}
+
+// errUnavailable is the error of a request rejected because the store
+// failed and a zone's policy is deny.
+var errUnavailable = errors.New("rate limit store unavailable; the zone fails closed")
+
+// unavailable answers a request that a zone with the deny policy rejected
+// because the store failed: 503, and Retry-After for when the store may be
+// back (the circuit breaker's cooldown, at least a second).
+func (h *Handler) unavailable(w http.ResponseWriter, results []limiter.Result) error {
+	var retry time.Duration
+	for _, res := range results {
+		if !res.Allowed {
+			retry = max(retry, res.RetryAfter)
+		}
+	}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(max(1, retryAfterSeconds(retry)), 10)}
+	return caddyhttp.Error(http.StatusServiceUnavailable, errUnavailable)
+}
+
+// deny answers a request that a zone denied: Retry-After for the latest
+// moment any denying zone can admit it, the exceeded placeholder, and a 429
+// handler error.
+func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limiter.Request, zones []*Zone, results []limiter.Result) error {
+	var first *Zone
+	var retry time.Duration
+	never := false
+	for i, res := range results {
+		if res.Allowed { // Unknown results are Allowed too
+			continue
+		}
+		if first == nil {
+			first = zones[i]
+		}
+		if res.RetryAfter == limiter.Never {
+			never = true
+			first = zones[i]
+		}
+		retry = max(retry, res.RetryAfter)
+		if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
+			ce.Write(zap.String("zone", zones[i].Name), h.keyField(reqs[i].Key),
+				zap.Int64("cost", reqs[i].Cost), zap.Duration("retry_after", res.RetryAfter))
+		}
+	}
+	repl.Set(exceededPlaceholder, first.Name)
+	if never {
+		return denial(first.errNever)
+	}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(h.jitter(retry)), 10)}
+	return denial(first.errDenied)
+}
+
+// denial returns the 429 handler error of a denied request. It is what
+// caddyhttp.Error builds, less the stack walk for its trace: a flood is
+// mostly denials, so they should cost little.
+func denial(err error) error {
+	return caddyhttp.HandlerError{
+		ID:         errorID(),
+		StatusCode: http.StatusTooManyRequests,
+		Err:        err,
+		Trace:      "caddy-fleetlimit.(*Handler).deny",
+	}
+}
+
+// errorID returns 9 random characters identifying an error in logs, as
+// caddyhttp.Error's IDs do.
+func errorID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [9]byte
+	n := rand.Uint64()
+	for i := range b {
+		b[i] = alphabet[n%36]
+		n /= 36
+	}
+	return string(b[:])
+}
+
+// known drops, in place, the zones that a cached denial left unconsulted.
+func known(reqs []limiter.Request, zones []*Zone, results []limiter.Result) ([]limiter.Request, []*Zone, []limiter.Result) {
+	n := 0
+	for i := range results {
+		if !results[i].Unknown {
+			reqs[n], zones[n], results[n] = reqs[i], zones[i], results[i]
+			n++
+		}
+	}
+	return reqs[:n], zones[:n], results[:n]
+}
+
+// retryAfterSeconds rounds a wait up to whole seconds, so that a client that
+// obeys Retry-After is never early.
+func retryAfterSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// keyField is a client key as logs carry it: its digest, or with log_key
+// the key itself.
+func (h *Handler) keyField(key string) zap.Field {
+	if h.LogKey {
+		return zap.String("key", key)
+	}
+	return zap.String("key_digest", limiter.KeyDigest(key))
+}
+
+// hdrDelay reports how long a leaky bucket held the request, in
+// milliseconds.
+const hdrDelay = "X-Ratelimit-Delay"
+
+// errClientGone ends a request whose client left while it waited for its
+// turn in a leaky bucket.
+var errClientGone = errors.New("client went away while waiting for its turn")
+
+// wait holds an admitted request for its turn when a leaky bucket zone
+// delayed it, and releases it early if the client goes away.
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, zones []*Zone, results []limiter.Result) error {
+	var delay time.Duration
+	var zone *Zone
+	for i := range results {
+		if results[i].Delay > delay {
+			delay, zone = results[i].Delay, zones[i]
+		}
+	}
+	if delay <= 0 {
+		return nil
+	}
+	w.Header()[hdrDelay] = []string{strconv.FormatInt(int64((delay+time.Millisecond-1)/time.Millisecond), 10)}
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit delayed request"); ce != nil {
+		ce.Write(zap.String("zone", zone.Name), zap.Duration("delay", delay))
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-r.Context().Done():
+		return caddyhttp.Error(499, errClientGone)
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

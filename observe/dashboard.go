@@ -1,0 +1,153 @@
+package observe
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	caddy.RegisterModule(DashboardHandler{})
+	httpcaddyfile.RegisterHandlerDirective("rate_limit_dashboard", parseDashboardCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit_dashboard", httpcaddyfile.Before, "respond")
+}
+
+// DashboardHandler serves the rate limit dashboard and its statistics (the
+// same as the admin API's /rate_limit/ and /rate_limit/stats) on a site,
+// for operators whose browsers cannot reach a node's admin endpoint. Put it
+// behind authentication: with `log_key` its table shows client keys.
+//
+//	handle /rate-limits/* {
+//	    basic_auth { ops <hash> }
+//	    rate_limit_dashboard
+//	}
+//
+// It answers the path's last segment: the page for a path ending in "/",
+// "stats", "dashboard.js" and "dashboard.css"; any other path is redirected
+// to itself with a trailing "/", so the page's relative links resolve.
+type DashboardHandler struct{}
+
+// CaddyModule returns the Caddy module information.
+func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit_dashboard",
+		New: func() caddy.Module { return new(DashboardHandler) },
+	}
+}
+
+// ServeHTTP serves the dashboard.
+func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	p := r.URL.Path
+	name := p[strings.LastIndexByte(p, '/')+1:]
+	if _, ok := dashboardFiles[name]; !ok && name != "stats" {
+		http.Redirect(w, r, p+"/", http.StatusPermanentRedirect)
+		return nil
+	}
+	if status, err := serveDashboard(w, r, name); err != nil {
+		return caddyhttp.Error(status, err)
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the handler from `rate_limit_dashboard`, which
+// takes no arguments.
+func (*DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(0) {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func parseDashboardCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var d DashboardHandler
+	err := d.UnmarshalCaddyfile(h.Dispenser)
+	return d, err
+}
+
+//go:embed dashboard
+var dashboardFS embed.FS
+
+// dashboardFiles are the dashboard's assets, by path under adminBase.
+var dashboardFiles = map[string]string{
+	"":              "dashboard/index.html",
+	"dashboard.js":  "dashboard/dashboard.js",
+	"dashboard.css": "dashboard/dashboard.css",
+}
+
+// serveDashboard serves one of the dashboard's resources by name ("" for
+// the page, "stats" for the statistics), or returns an error and its HTTP
+// status. The admin API and the rate_limit_dashboard handler share it.
+func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)
+	}
+	if name == "stats" {
+		return serveStats(w, r)
+	}
+	file, ok := dashboardFiles[name]
+	if !ok {
+		return http.StatusNotFound, fmt.Errorf("resource not found: %s", r.URL.Path)
+	}
+	body, err := dashboardFS.ReadFile(file)
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	h := w.Header()
+	switch {
+	case strings.HasSuffix(file, ".html"):
+		h.Set("Content-Type", "text/html; charset=utf-8")
+	case strings.HasSuffix(file, ".js"):
+		h.Set("Content-Type", "text/javascript; charset=utf-8")
+	case strings.HasSuffix(file, ".css"):
+		h.Set("Content-Type", "text/css; charset=utf-8")
+	}
+	// Nothing but these files: no inline script, no other origin.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(body)
+	}
+	return 0, nil
+}
+
+func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
+	series := seriesSeconds
+	if v := r.URL.Query().Get("series"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > seriesSeconds {
+			return http.StatusBadRequest, fmt.Errorf("series must be 0 to %d seconds", seriesSeconds)
+		}
+		series = n
+	}
+	body, err := json.Marshal(collectStats(r.Context(), time.Now(), series))
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(body)
+	}
+	return 0, nil
+}
+
+// Interface guards
+var (
+	_ caddyhttp.MiddlewareHandler = DashboardHandler{}
+	_ caddyfile.Unmarshaler       = (*DashboardHandler)(nil)
+)

@@ -1,0 +1,24 @@
+package observe
+
+// What the tests of package observe_test (handler_test.go) read of the
+// package's internals. They drive the rate_limit handler, whose package
+// imports this one, so they cannot be in package observe.
+
+// Gathered by the handler tests.
+var (
+	CollectStats = collectStats
+	Gather       = gather
+	AdminGet     = adminGet
+)
+
+// The stats document, as the handler tests read it.
+type (
+	StatsBody = statsBody
+	StatsZone = statsZone
+)
+
+// ZoneRegistry holds the zones' stats, by zone name.
+var ZoneRegistry = zoneRegistry
+
+// SeriesSeconds is how many seconds of per-second counts a zone keeps.
+const SeriesSeconds = seriesSeconds

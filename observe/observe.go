@@ -1,0 +1,263 @@
+// Package observe is what the rate_limit handler tells the outside about
+// its decisions: placeholders for logs and headers, the rate_limit_exceeded
+// event, Prometheus metrics (metrics.go), the statistics of every zone and
+// store in the process (stats.go, counters.go, topkeys.go, latency.go), the
+// fleet view shared through Redis (fleet.go), and the admin API and
+// dashboard that serve them (admin.go, dashboard.go, document.go).
+//
+// A handler feeds it through a Handler, made by New at Provision: Decided
+// for every decided request, Observer for the limiter's store calls, and
+// Cleanup when the configuration is unloaded. The package knows nothing of
+// the handler's configuration beyond Config, and imports no part of it.
+package observe
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// exceededEvent is the Caddy event emitted on each denial.
+const exceededEvent = "rate_limit_exceeded"
+
+// Config is what a handler tells observe about itself at Provision.
+type Config struct {
+	// Rules are the handler's zones, in configuration order; each rule's
+	// Name is its zone's name.
+	Rules []*limiter.Rule
+	// Store is the store the handler's limiter decides through.
+	Store limiter.Store
+	// StoreKey identifies the store across handlers and config reloads
+	// (the key it is pooled by): handlers with the same key share the
+	// store's statistics.
+	StoreKey string
+	// StoreName names the store in metric labels and the admin API. It
+	// must not contain a credential.
+	StoreName string
+	// LogKey shows client keys as they are in the statistics and events;
+	// otherwise they carry only a one-way digest.
+	LogKey bool
+	// DisableMetrics turns off the metrics and the statistics (admin API,
+	// dashboard and fleet view); placeholders and events stay.
+	DisableMetrics bool
+}
+
+// Handler is one provisioned handler's share of the observability. Make it
+// with New; release it with Cleanup.
+type Handler struct {
+	ctx      caddy.Context
+	events   *caddyevents.App // nil when there is no events app
+	logKey   bool
+	zones    []*Zone
+	observer *limiterObserver // nil unless the store is Redis and metrics are on
+	store    *storeStats      // nil with metrics disabled
+	storeKey string           // the storeRegistry reference held
+	zoneKeys []string         // the zoneRegistry references held
+}
+
+// Zone is one zone's share of a Handler.
+type Zone struct {
+	name         string
+	rule         *limiter.Rule
+	remainingKey string // the placeholder http.rate_limit.<zone>.remaining
+	limitKey     string // the placeholder http.rate_limit.<zone>.limit
+	limit        any    // the zone's rate, as the limit placeholder's value (boxed once)
+	stats        *zoneStats
+}
+
+// New prepares the placeholders and events of a handler's zones and,
+// unless metrics are disabled, registers the metrics and takes references
+// to the zones' and the store's statistics (released by Cleanup).
+func New(ctx caddy.Context, cfg Config) (*Handler, error) {
+	h := &Handler{ctx: ctx, logKey: cfg.LogKey, zones: make([]*Zone, len(cfg.Rules))}
+	// The http app loads the events app before its handlers, so it is
+	// there whenever the handler runs in a server.
+	if app, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events, _ = app.(*caddyevents.App)
+	}
+	for i, rule := range cfg.Rules {
+		h.zones[i] = &Zone{
+			name:         rule.Name,
+			rule:         rule,
+			remainingKey: "http.rate_limit." + rule.Name + ".remaining",
+			limitKey:     "http.rate_limit." + rule.Name + ".limit",
+			limit:        strconv.FormatInt(rule.Rate, 10),
+		}
+	}
+	if cfg.DisableMetrics {
+		return h, nil
+	}
+	if err := h.loadStats(ctx, cfg); err != nil {
+		_ = h.Cleanup()
+		return nil, err
+	}
+	return h, nil
+}
+
+// loadStats registers the metrics and takes the stats references.
+func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	ss, err := loadStoreStats(cfg.StoreKey, cfg.StoreName, cfg.Store)
+	if err != nil {
+		return err
+	}
+	h.store, h.storeKey = ss, cfg.StoreKey
+	observer := &limiterObserver{store: ss}
+	for _, z := range h.zones {
+		zs, err := loadZoneStats(z.name)
+		if err != nil {
+			return err
+		}
+		h.zoneKeys = append(h.zoneKeys, z.name)
+		zs.info.Store(&zoneInfo{
+			alg:     z.rule.Algorithm.String(),
+			rate:    z.rule.Rate,
+			per:     z.rule.Per,
+			burst:   z.rule.Burst,
+			onError: z.rule.OnError.String(),
+			logKey:  cfg.LogKey,
+		})
+		zs.store.Store(ss)
+		if ss.fleet != nil {
+			ss.fleet.link(zs)
+		}
+		z.stats = zs
+		observer.rules = append(observer.rules, z.rule)
+		observer.zones = append(observer.zones, zs)
+	}
+	if ss.redis != nil {
+		h.observer = observer
+	}
+	return nil
+}
+
+// Zone returns the share of the i-th zone of Config.Rules.
+func (h *Handler) Zone(i int) *Zone { return h.zones[i] }
+
+// Observer returns what the handler's limiter should report its store
+// calls and deny cache hits to (limiter.Options.Observer), or nil when
+// nothing needs them.
+func (h *Handler) Observer() limiter.Observer {
+	if h.observer == nil {
+		return nil
+	}
+	return h.observer
+}
+
+// Cleanup releases the stats references; the last handler with a zone
+// drops its statistics and metric series, and the last with a store stops
+// its fleet reporter. Call it before the store itself is released.
+func (h *Handler) Cleanup() error {
+	var err error
+	for _, name := range h.zoneKeys {
+		if _, e := zoneRegistry.Delete(name); e != nil {
+			err = e
+		}
+	}
+	if h.storeKey != "" {
+		if _, e := storeRegistry.Delete(h.storeKey); e != nil {
+			err = e
+		}
+	}
+	h.zoneKeys, h.storeKey = nil, ""
+	return err
+}
+
+// zoneOutcome returns what a request's outcome was in one zone, and false
+// when the zone did not decide it: a zone counts a request it let through
+// only if the request passed, and a request that another zone rejected is
+// not counted in a zone that would have let it through.
+//
+//	Admitted       every zone: allowed
+//	Denied         the zones that denied: denied
+//	FailedOpen     every zone: failed_open
+//	FailedClosed   the zones whose policy is deny: failed_closed
+//	LocalAdmitted  zones with the local policy: local_allowed; others failed_open
+//	LocalDenied    the local zones that denied: local_denied
+func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Result) (limiter.Outcome, bool) {
+	local := rule.OnError == limiter.PolicyLocal && rule.Local != nil
+	switch outcome {
+	case limiter.Admitted, limiter.FailedOpen:
+		return outcome, true
+	case limiter.Denied:
+		return limiter.Denied, !res.Allowed && !res.Unknown
+	case limiter.FailedClosed:
+		return limiter.FailedClosed, rule.OnError == limiter.PolicyDeny
+	case limiter.LocalAdmitted:
+		if local {
+			return limiter.LocalAdmitted, true
+		}
+		return limiter.FailedOpen, true
+	case limiter.LocalDenied:
+		return limiter.LocalDenied, local && !res.Allowed
+	}
+	return 0, false
+}
+
+// Decided records a request's decision: zones[i] (the handler's, from
+// Zone) decided reqs[i] with results[i], and outcome is the request's. It
+// sets the zones' placeholders, counts the metrics and stats, and emits the
+// rate_limit_exceeded event of each zone that denied. Call it on every
+// decided request, with every zone that applied, including those a cached
+// denial left unconsulted (their results are Unknown).
+func (h *Handler) Decided(repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
+	var sec int64
+	if h.store != nil {
+		sec = time.Now().Unix()
+	}
+	for i, z := range zones {
+		res := &results[i]
+		if !res.Unknown {
+			repl.Set(z.remainingKey, res.Remaining)
+			repl.Set(z.limitKey, z.limit)
+		}
+		o, ok := zoneOutcome(outcome, z.rule, res)
+		if !ok {
+			continue
+		}
+		denied := o == limiter.Denied || o == limiter.LocalDenied
+		if st := z.stats; st != nil {
+			st.count(o, sec)
+			if denied {
+				st.top.add(reqs[i].Key, sec)
+			}
+		}
+		if denied && h.events != nil && h.events.ShouldEmit(exceededEvent) {
+			h.emitExceeded(z, &reqs[i], res, o == limiter.LocalDenied)
+		}
+	}
+}
+
+// emitExceeded emits the rate_limit_exceeded event of a zone's denial. Its
+// data: zone, key_digest (and key, only with log_key), cost, retry_after
+// (whole seconds, rounded up like the Retry-After field; absent when the
+// cost exceeds the burst, so no wait helps) and local (decided on this
+// node's fallback bucket while the store failed). Handlers run
+// synchronously, in the request.
+func (h *Handler) emitExceeded(z *Zone, req *limiter.Request, res *limiter.Result, local bool) {
+	data := map[string]any{
+		"zone":       z.name,
+		"key_digest": limiter.KeyDigest(req.Key),
+		"cost":       req.Cost,
+		"local":      local,
+	}
+	if h.logKey {
+		data["key"] = req.Key
+	}
+	if res.RetryAfter != limiter.Never {
+		data["retry_after"] = retryAfterSeconds(res.RetryAfter)
+	}
+	h.events.Emit(h.ctx, exceededEvent, data)
+}
+
+// retryAfterSeconds rounds a wait up to whole seconds, as the handler's
+// Retry-After field does.
+func retryAfterSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}

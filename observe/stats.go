@@ -1,0 +1,208 @@
+package observe
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// The statistics behind the admin API (admin.go): per zone, rolling
+// per-second counts of each outcome (counters.go) and the keys denied most
+// (topkeys.go); per store, latency (latency.go) and errors. All of it has a fixed size, whatever the traffic and
+// however many clients there are.
+//
+// Why process-wide registries: the admin API module is provisioned by
+// Caddy's admin server, separately from the http app and before it, so it
+// cannot reach the handlers of a configuration. Handlers therefore register
+// their stats here, by zone name and by store, in caddy.UsagePools: each
+// Provision takes a reference (LoadOrNew) and the handler's Cleanup drops it
+// (Delete). A new configuration provisions before the old one is cleaned
+// up, so a zone that stays in the configuration keeps its counts (and its
+// charts) across reloads, and one that leaves it is dropped with the last
+// handler that had it: nothing leaks from one config load to the next.
+// Handlers with zones of the same name share their buckets in the store, and
+// share their stats too.
+var (
+	zoneRegistry  = caddy.NewUsagePool() // zone name -> *zoneStats
+	storeRegistry = caddy.NewUsagePool() // store pool key -> *storeStats
+)
+
+// zoneInfo describes a zone as the handler provisioned last configured it.
+type zoneInfo struct {
+	alg     string
+	rate    int64
+	per     time.Duration
+	burst   int64
+	onError string
+	logKey  bool
+}
+
+// zoneStats are one zone's statistics, shared by every handler with a zone
+// of that name and kept across reloads (see zoneRegistry).
+type zoneStats struct {
+	name   string
+	info   atomic.Pointer[zoneInfo]
+	store  atomic.Pointer[storeStats] // where the zone's buckets are
+	totals [limiter.NumOutcomes]atomic.Uint64
+	hits   atomic.Uint64 // deny cache hits
+	ring   counterRing
+	top    *topKeys
+	series zoneSeries
+	dead   atomic.Bool
+}
+
+// loadZoneStats takes a reference to a zone's stats; release it with
+// zoneRegistry.Delete(name).
+func loadZoneStats(name string) (*zoneStats, error) {
+	v, _, err := zoneRegistry.LoadOrNew(name, func() (caddy.Destructor, error) {
+		z := &zoneStats{name: name, top: newTopKeys()}
+		z.series = claimZoneSeries(name)
+		return z, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*zoneStats), nil
+}
+
+// Destruct drops the zone's metric series: the zone has left the
+// configuration.
+func (z *zoneStats) Destruct() error {
+	z.dead.Store(true)
+	releaseZoneSeries(z.name)
+	return nil
+}
+
+// count records one request's outcome in the zone at unix second sec.
+func (z *zoneStats) count(o limiter.Outcome, sec int64) {
+	z.totals[o].Add(1)
+	z.ring.add(sec, o)
+	z.series.decisions[o].Inc()
+}
+
+func (z *zoneStats) cacheHit() {
+	z.hits.Add(1)
+	z.series.cacheHits.Inc()
+}
+
+func (z *zoneStats) loadTotals() (c [limiter.NumOutcomes]uint64) {
+	for i := range c {
+		c[i] = z.totals[i].Load()
+	}
+	return c
+}
+
+// storeError is the last error of a store.
+type storeError struct {
+	msg string
+	at  time.Time
+}
+
+// storeStats are one store's statistics, shared by every handler using that
+// store (see storeRegistry). A Redis store's stats also run its fleet
+// reporter (fleet.go).
+type storeStats struct {
+	key    string
+	name   string
+	redis  *limiter.RedisStore // nil for the memory store
+	lat    latencyRing
+	errs   [numReasons]atomic.Uint64
+	last   atomic.Pointer[storeError]
+	series storeSeries
+	fleet  *fleetReporter
+}
+
+// loadStoreStats takes a reference to a store's stats; release it with
+// storeRegistry.Delete(key).
+func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) {
+	v, _, err := storeRegistry.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s := &storeStats{key: key, name: name}
+		s.redis, _ = store.(*limiter.RedisStore)
+		s.series = claimStoreSeries(name)
+		if s.redis != nil {
+			s.fleet = startFleetReporter(s)
+		}
+		return s, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*storeStats), nil
+}
+
+// Destruct stops the fleet reporter and drops the store's metric series.
+func (s *storeStats) Destruct() error {
+	if s.fleet != nil {
+		s.fleet.stop()
+	}
+	releaseStoreSeries(s.name)
+	return nil
+}
+
+// decided records one store call (see limiter.Observer).
+func (s *storeStats) decided(took time.Duration, err error) {
+	reason := -1
+	switch {
+	case err == nil:
+	case errors.Is(err, context.Canceled):
+		return // the client went away: not the store's doing
+	case errors.Is(err, limiter.ErrBreakerOpen):
+		reason = reasonBreakerOpen
+	case errors.Is(err, limiter.ErrStoreTimeout):
+		reason = reasonTimeout
+	default:
+		reason = reasonError
+	}
+	slot := s.lat.slot(time.Now().Unix())
+	if reason != reasonBreakerOpen {
+		s.series.duration.Observe(took.Seconds())
+		if slot != nil {
+			slot.calls.Add(1)
+			slot.buckets[latIndex(took)].Add(1)
+		}
+	}
+	if reason < 0 {
+		return
+	}
+	s.errs[reason].Add(1)
+	s.series.errors[reason].Inc()
+	if slot != nil {
+		slot.errors.Add(1)
+	}
+	if reason != reasonBreakerOpen {
+		s.last.Store(&storeError{msg: err.Error(), at: time.Now()})
+	}
+}
+
+// limiterObserver is a handler's limiter.Observer: store calls go to the
+// store's stats, deny cache hits to the zone's.
+type limiterObserver struct {
+	store *storeStats
+	rules []*limiter.Rule
+	zones []*zoneStats
+}
+
+// StoreDecided records a store call in the store's stats.
+func (o *limiterObserver) StoreDecided(took time.Duration, err error) { o.store.decided(took, err) }
+
+// CacheDenied counts a deny cache hit in the zone of the rule.
+func (o *limiterObserver) CacheDenied(rule *limiter.Rule) {
+	for i, r := range o.rules {
+		if r == rule {
+			o.zones[i].cacheHit()
+			return
+		}
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Destructor = (*zoneStats)(nil)
+	_ caddy.Destructor = (*storeStats)(nil)
+	_ limiter.Observer = (*limiterObserver)(nil)
+)

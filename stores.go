@@ -1,0 +1,99 @@
+package fleetlimit
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// The stores outlive config reloads: a new configuration provisions before
+// the old one is cleaned up, so a Redis client (and its connections) or the
+// process's memory store is handed from one to the next, and closed when
+// the last handler using it is cleaned up.
+
+// stores holds the stores shared by handlers across config reloads, by
+// pool key: memoryPoolKey, or a Redis connection's redisOptions.poolKey.
+var stores = caddy.NewUsagePool()
+
+// memoryPoolKey is the pool key of the process's one memory store.
+const memoryPoolKey = "memory"
+
+// memoryStore and redisStore are the pooled stores.
+type memoryStore struct{ *limiter.MemoryStore }
+
+// Destruct closes the store when its last user is gone.
+func (s memoryStore) Destruct() error { return s.Close() }
+
+type redisStore struct{ *limiter.RedisStore }
+
+// Destruct closes the store when its last user is gone.
+func (s redisStore) Destruct() error { return s.Close() }
+
+// provisionStore returns the shared store for this configuration, creating
+// it on first use, and the pool key to release it with.
+func (h *Handler) provisionStore() (limiter.Store, string, error) {
+	if h.Redis == nil {
+		s, err := loadMemoryStore(time.Duration(h.SweepInterval))
+		return s, memoryPoolKey, err
+	}
+	opt, err := h.Redis.options()
+	if err != nil {
+		return nil, "", err
+	}
+	key := opt.poolKey()
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s, err := limiter.NewRedisStore(opt.RedisOptions)
+		if err != nil {
+			return nil, err
+		}
+		return redisStore{s}, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("rate_limit: redis: %w", err)
+	}
+	return v.(redisStore).RedisStore, key, nil
+}
+
+// loadMemoryStore returns this process's memory store, shared by every
+// handler and configuration (release it with stores.Delete(memoryPoolKey)).
+func loadMemoryStore(sweep time.Duration) (*limiter.MemoryStore, error) {
+	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+		return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(memoryStore).MemoryStore, nil
+}
+
+// storeName names the handler's store in metric labels and the admin API:
+// the servers it talks to (from the configuration, placeholders
+// unexpanded; never a credential), or "memory".
+func (h *Handler) storeName() string {
+	c := h.Redis
+	if c == nil {
+		return "memory"
+	}
+	var name string
+	switch {
+	case c.SentinelMaster != "":
+		name = "sentinel:" + c.SentinelMaster
+	case c.Cluster || len(c.Addresses) > 0:
+		addrs := c.Addresses
+		if c.Address != "" {
+			addrs = append([]string{c.Address}, addrs...)
+		}
+		name = "cluster:" + strings.Join(addrs, ",")
+	default:
+		name = "redis:" + c.Address
+	}
+	if c.DB != 0 {
+		name += "/" + strconv.Itoa(c.DB)
+	}
+	return name
+}

@@ -1,0 +1,229 @@
+package fleetlimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
+)
+
+// Zone is one limit: a token bucket per client key.
+type Zone struct {
+	// Name identifies the zone in headers, placeholders and logs, and is
+	// part of every bucket's key: zones of the same name share buckets.
+	// Letters, digits, `_`, `-` and `.`, at most 64 characters.
+	Name string `json:"name"`
+
+	// Key lists placeholder expressions; the client key is the first one
+	// that is not empty. Default: `{http.vars.client_ip}`. Keys longer
+	// than 64 bytes or with unusual characters are hashed (SHA-256), so
+	// client input cannot grow the store or break a key. When every
+	// expression is empty, all such requests share one bucket.
+	Key []string `json:"key,omitempty"`
+
+	// Algorithm is how the zone counts: `token_bucket` (a bucket of Burst
+	// tokens refilled at Rate per Per; forgives bursts), `sliding_window`
+	// (at most Rate per window of Per, estimated from two fixed windows;
+	// two counters per key), `fixed_window` (at most Rate per window of
+	// Per, windows aligned to the clock; one counter), `sliding_log`
+	// (exactly at most Rate in any window of Per; memory grows with the
+	// limit) or `leaky_bucket` (a shaper: requests over the rate wait for
+	// their turn, at most MaxDelay and Burst tokens queued, then proceed
+	// at a steady rate). Default: `token_bucket`.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// Rate is how many tokens are refilled every Per (the window
+	// algorithms: how many per window of Per). Required (or Events).
+	Rate int64 `json:"rate,omitempty"`
+
+	// Per is the refill period of Rate tokens, or the window. Required
+	// (or Window).
+	Per caddy.Duration `json:"per,omitempty"`
+
+	// Burst is the bucket's capacity, the most a client can spend at
+	// once (leaky bucket: the most tokens queued). Token and leaky bucket
+	// only. Default: Rate.
+	Burst int64 `json:"burst,omitempty"`
+
+	// MaxDelay is the longest a leaky bucket lets a request wait for its
+	// turn. Default: as long as the queue (Burst) allows.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// Window and Events are mholt/caddy-ratelimit's form of a limit: at
+	// most Events in any Window (a sliding log unless Algorithm says
+	// otherwise). Use them instead of Rate and Per.
+	Window caddy.Duration `json:"window,omitempty"`
+	Events int64          `json:"events,omitempty"`
+
+	// IPv4Prefix and IPv6Prefix make client keys that are IP addresses
+	// share a bucket per network: with ipv6_prefix 64, a client rotating
+	// through the addresses of its /64 gets one limit. Default: 32 and
+	// 128 (one bucket per address).
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// Cost is how many tokens a request takes: an integer, or a
+	// placeholder expression that yields one (a request for which it is
+	// not a non-negative integer gets status 400). Default: 1.
+	Cost string `json:"cost,omitempty"`
+
+	// OnError is what the zone does when Redis cannot decide (down, slow
+	// beyond the timeout, or the circuit breaker open): `allow` lets the
+	// request pass (fail open), `deny` rejects it with 503 and
+	// Retry-After (fail closed, for abuse-sensitive routes such as
+	// login), `local` decides on a bucket in this node's memory with the
+	// zone's rate and burst divided by FleetSize. Default: `allow`.
+	OnError string `json:"on_error,omitempty"`
+
+	// FleetSize is how many nodes share the zone's limit, for the `local`
+	// policy: each node's fallback bucket gets 1/FleetSize of the rate and
+	// burst, so the fleet stays about within the limit while Redis is
+	// away. Default: 1.
+	FleetSize int64 `json:"fleet_size,omitempty"`
+
+	// MatcherSetsRaw limits the zone to matching requests. Default: all
+	// requests that reach the handler.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	rule       *limiter.Rule
+	matchers   caddyhttp.MatcherSets
+	keys       []keyExpr
+	cost       int64  // the static cost, when costExpr is empty
+	costExpr   string // placeholder expression of a dynamic cost
+	policy     string // this zone's RateLimit-Policy list member
+	rateText   string // the zone's rate, for X-RateLimit-Limit
+	errDenied  error
+	errNever   error
+	errBadCost error
+	obs        *observe.Zone // placeholders and stats
+}
+
+// defaultKey is the key of a zone that names none: the client's IP address
+// (as Caddy determines it, honouring trusted_proxies).
+const defaultKey = "{http.vars.client_ip}"
+
+// zoneNameRE is what a zone's name may be.
+var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// provision compiles the zone's rule, keys, cost and matchers, and the
+// header values and errors it answers with.
+func (z *Zone) provision(ctx caddy.Context) error {
+	if !zoneNameRE.MatchString(z.Name) {
+		return errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'")
+	}
+	rule, err := z.compileRule()
+	if err != nil {
+		return err
+	}
+	z.rule = rule
+	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 || z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
+		return errors.New("ipv4_prefix must be 0 to 32 and ipv6_prefix 0 to 128")
+	}
+	policy, err := limiter.ParsePolicy(z.OnError)
+	if err != nil {
+		return err
+	}
+	if z.FleetSize < 0 {
+		return limiter.ErrBadFleetSize
+	}
+	if err := rule.SetFailurePolicy(policy, max(1, z.FleetSize)); err != nil {
+		return err
+	}
+
+	if err := z.provisionKeys(); err != nil {
+		return err
+	}
+	if err := z.provisionCost(rule); err != nil {
+		return err
+	}
+	if z.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+		if err != nil {
+			return fmt.Errorf("loading matchers: %w", err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return err
+		}
+	}
+
+	z.rateText = strconv.FormatInt(rule.Rate, 10)
+	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate, 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
+	z.errDenied = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
+	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
+	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
+	return nil
+}
+
+// provisionKeys compiles the zone's key expressions.
+func (z *Zone) provisionKeys() error {
+	exprs := z.Key
+	if len(exprs) == 0 {
+		exprs = []string{defaultKey}
+	}
+	z.keys = make([]keyExpr, 0, len(exprs))
+	for _, e := range exprs {
+		if strings.TrimSpace(e) == "" {
+			return errors.New("key expressions must not be empty")
+		}
+		if err := checkPlaceholders(e); err != nil {
+			return fmt.Errorf("key %q: %w", e, err)
+		}
+		z.keys = append(z.keys, newKeyExpr(e))
+	}
+	return nil
+}
+
+// provisionCost compiles the zone's cost: a static one, which must fit in
+// the rule's burst, or a placeholder expression.
+func (z *Zone) provisionCost(rule *limiter.Rule) error {
+	switch c := strings.TrimSpace(z.Cost); {
+	case c == "":
+		z.cost = 1
+	case strings.ContainsAny(c, "{}"):
+		if err := checkPlaceholders(c); err != nil {
+			return fmt.Errorf("cost %q: %w", c, err)
+		}
+		z.costExpr = c
+	default:
+		n, err := strconv.ParseInt(c, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("cost %q is neither a positive integer nor a placeholder", c)
+		}
+		if n > rule.Burst {
+			return fmt.Errorf("cost %d exceeds burst %d: no request could ever pass", n, rule.Burst)
+		}
+		z.cost = n
+	}
+	return nil
+}
+
+// keyOf returns the zone's bounded client key for a request.
+func (z *Zone) keyOf(r *http.Request, repl *caddy.Replacer) string {
+	for _, k := range z.keys {
+		if v := k.eval(r, repl); v != "" {
+			if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
+				v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
+			}
+			return limiter.ClientKey(v)
+		}
+	}
+	return ""
+}
+
+// costOf returns the request's cost in this zone; false when a dynamic cost
+// is not a non-negative integer.
+func (z *Zone) costOf(repl *caddy.Replacer) (int64, bool) {
+	if z.costExpr == "" {
+		return z.cost, true
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(repl.ReplaceKnown(z.costExpr, "")), 10, 64)
+	return n, err == nil && n >= 0
+}
