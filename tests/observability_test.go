@@ -290,6 +290,7 @@ func TestRedisStoreMetrics(t *testing.T) {
 		zone obs_redis {
 			key {header.X-Key}
 			rate 3 1h
+			on_error allow
 		}
 	}
 	respond "ok"`, r.Addr))
