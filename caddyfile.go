@@ -122,6 +122,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.DisableMetrics = true
+		case "max_keys":
+			var arg string
+			if !d.AllArgs(&arg) {
+				return d.ArgErr()
+			}
+			n, err := strconv.ParseInt(arg, 10, 32)
+			if err != nil || n <= 0 {
+				return d.Errf("max_keys must be a positive integer, got %q", arg)
+			}
+			h.MaxKeys = int(n)
 		default:
 			if err := h.unmarshalCompat(d); err != nil {
 				return err
@@ -198,14 +208,14 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 		}
 		h.Storage, _ = json.Marshal(map[string]string{"module": name})
 	default:
-		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, jitter, sweep_interval, distributed or storage)", d.Val())
+		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
 	}
 	return nil
 }
 
 // redisSubdirectives lists the redis block's subdirectives, for errors.
 const redisSubdirectives = "address, cluster, sentinel, sentinel_username, sentinel_password, username, password, db, tls, " +
-	"pool_size, pipelines, dial_timeout, timeout, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
+	"pool_size, pipelines, dial_timeout, timeout, max_wait, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
 
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	start := *d
@@ -312,7 +322,7 @@ func (c *RedisConfig) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string) 
 			return d.Errf("redis protocol must be 2 or 3, got %q", arg)
 		}
 		c.Protocol, _ = strconv.Atoi(arg)
-	case "timeout", "dial_timeout", "breaker_cooldown":
+	case "timeout", "max_wait", "dial_timeout", "breaker_cooldown":
 		dur, err := caddy.ParseDuration(arg)
 		if err != nil || dur <= 0 {
 			return d.Errf("redis %s must be a positive duration, got %q", sub, arg)
@@ -320,6 +330,8 @@ func (c *RedisConfig) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string) 
 		switch sub {
 		case "timeout":
 			c.Timeout = caddy.Duration(dur)
+		case "max_wait":
+			c.MaxWait = caddy.Duration(dur)
 		case "dial_timeout":
 			c.DialTimeout = caddy.Duration(dur)
 		default:

@@ -258,6 +258,35 @@ var badCaddyfiles = []struct {
 	}
 }`, 5, "wrong argument count"},
 
+	// Memory bound.
+	{"max_keys zero", `:80 {
+	rate_limit {
+		max_keys 0
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 3, `max_keys must be a positive integer, got "0"`},
+	{"max_keys not a number", `:80 {
+	rate_limit {
+		max_keys lots
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 3, `max_keys must be a positive integer, got "lots"`},
+	{"max_wait not a duration", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			max_wait soon
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `redis max_wait must be a positive duration, got "soon"`},
+
 	// Numbers.
 	{"rate not a number", `:80 {
 	rate_limit {
@@ -770,6 +799,7 @@ func TestBadJSONProvision(t *testing.T) {
 		phrase string
 	}{
 		{"no zones", `{}`, "at least one zone is required"},
+		{"negative max_keys", `{"max_keys":-1,"zones":[{"name":"a","rate":10,"per":1000000000}]}`, "max_keys must not be negative"},
 		{"null zone", `{"zones":[null]}`, "zone 0 is empty"},
 		{"cost above burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"burst":20,"cost":"21"}]}`,
 			`zone "a": cost 21 exceeds burst 20`},

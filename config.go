@@ -62,9 +62,19 @@ type Handler struct {
 
 	// SweepInterval is how often the memory store drops idle buckets
 	// (caddy-ratelimit's option). The store is shared by the whole
-	// process: the value of the configuration that creates it holds.
-	// Default: 1m.
+	// process: the configuration loaded last sets it. Default: 1m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// MaxKeys bounds how many buckets this node keeps in memory: the
+	// memory store's, and the local fallback buckets of zones with
+	// on_error local. When it is reached, a new key evicts the bucket
+	// closest to full among a few sampled (a full bucket loses nothing;
+	// another lets its client start again from a full bucket, once), so a
+	// flood of new keys cannot grow the node's memory. The store is
+	// shared by the whole process: the configuration loaded last sets it.
+	// About 100 B of heap per bucket; the default, 500000, keeps the
+	// store under about 100 MB of memory, garbage collection included.
+	MaxKeys int `json:"max_keys,omitempty"`
 
 	// Distributed is caddy-ratelimit's distributed mode, accepted so that
 	// its Caddyfiles load unchanged, and ignored with a warning:
@@ -141,9 +151,17 @@ type RedisConfig struct {
 	DisableIdentity bool `json:"disable_identity,omitempty"`
 	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
 	KeyPrefix string `json:"key_prefix,omitempty"`
-	// Timeout bounds each decision; when it runs out the request passes
-	// (fails open). Default: 25ms.
+	// Timeout is how long a decision waits for Redis, counted in the time
+	// this node was able to run, before each zone applies its on_error
+	// policy. A node whose CPUs are saturated reads Redis' replies late,
+	// and a Redis that has been answering slowly lately is given the time
+	// it has been taking: neither is a failure, and the decision waits
+	// (up to MaxWait) rather than letting requests through. Default: 25ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// MaxWait is the most a decision waits for Redis in wall time however
+	// starved the node (a node frozen meanwhile first gets Timeout of
+	// running time; never more than twice MaxWait). Default: 1s.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
 	// DenyCacheSize is how many denied buckets each node remembers, to
 	// deny a flood on them without asking Redis until a token can be
 	// there again (exact: tokens cannot appear sooner). Default: 65536.

@@ -18,6 +18,10 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
+// statusClientClosed is the status logged for a request whose client went
+// away before it was decided (nginx's 499, as Caddy's reverse proxy uses).
+const statusClientClosed = 499
+
 // exceededPlaceholder names the zone that denied a request.
 const exceededPlaceholder = "http.rate_limit.exceeded.name"
 
@@ -25,6 +29,9 @@ const exceededPlaceholder = "http.rate_limit.exceeded.name"
 // limiter.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	if h.MaxKeys < 0 {
+		return errors.New("rate_limit: max_keys must not be negative")
+	}
 	mode, err := parseHeaderMode(h.Headers)
 	if err != nil {
 		return err
@@ -45,10 +52,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := h.provisionObservability(ctx, store); err != nil {
+	if err := h.provisionObservability(ctx, store, opt.Local); err != nil {
 		return err
 	}
 	opt.Observer = h.obs.Observer()
+	opt.FleetSize = h.obs.FleetSize
 	h.limiter = limiter.New(store, opt)
 	return nil
 }
@@ -93,7 +101,7 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {
 			// The fallback buckets live in this node's memory store,
 			// which outlives reloads like the Redis client does.
-			local, err := loadMemoryStore(time.Duration(h.SweepInterval))
+			local, err := h.loadMemoryStore()
 			if err != nil {
 				return opt, err
 			}
@@ -105,7 +113,7 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 
 // provisionObservability sets up the placeholders, events, metrics and
 // statistics of the handler and its zones (released by Cleanup).
-func (h *Handler) provisionObservability(ctx caddy.Context, store limiter.Store) error {
+func (h *Handler) provisionObservability(ctx caddy.Context, store, local limiter.Store) error {
 	rules := make([]*limiter.Rule, len(h.Zones))
 	for i, z := range h.Zones {
 		rules[i] = z.rule
@@ -115,6 +123,7 @@ func (h *Handler) provisionObservability(ctx caddy.Context, store limiter.Store)
 		Store:          store,
 		StoreKey:       h.poolKey,
 		StoreName:      h.storeName(),
+		Memory:         memoryOf(store, local),
 		LogKey:         h.LogKey,
 		DisableMetrics: h.DisableMetrics,
 	})
@@ -124,6 +133,17 @@ func (h *Handler) provisionObservability(ctx caddy.Context, store limiter.Store)
 	h.obs = obs
 	for i, z := range h.Zones {
 		z.obs = obs.Zone(i)
+	}
+	return nil
+}
+
+// memoryOf returns the memory store among a handler's store and its store
+// of local fallback buckets, or nil.
+func memoryOf(stores ...limiter.Store) *limiter.MemoryStore {
+	for _, s := range stores {
+		if m, ok := s.(*limiter.MemoryStore); ok {
+			return m
+		}
 	}
 	return nil
 }
@@ -214,6 +234,11 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	results = results[:len(reqs)]
 
 	outcome := h.limiter.Decide(r.Context(), reqs, results)
+	if outcome == limiter.Canceled {
+		// The client went away before the decision: neither a decision
+		// nor a store failure, and nobody to answer.
+		return false, caddyhttp.Error(statusClientClosed, r.Context().Err())
+	}
 	// Before known() drops the zones a cached denial left unconsulted.
 	h.obs.Decided(repl, outcome, obs, reqs, results)
 	switch outcome {

@@ -52,6 +52,7 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		DialTimeout:       time.Duration(c.DialTimeout),
 		KeyPrefix:         c.KeyPrefix,
 		Timeout:           time.Duration(c.Timeout),
+		MaxWait:           time.Duration(c.MaxWait),
 
 		BreakerFailures: c.BreakerFailures,
 		BreakerCooldown: time.Duration(c.BreakerCooldown),
@@ -67,6 +68,8 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		return o, errors.New("rate_limit: redis: db must not be negative")
 	case o.Timeout < 0 || o.DialTimeout < 0:
 		return o, errors.New("rate_limit: redis: timeout must not be negative")
+	case o.MaxWait < 0:
+		return o, errors.New("rate_limit: redis: max_wait must not be negative")
 	case o.BreakerFailures < 0 || o.BreakerCooldown < 0:
 		return o, errors.New("rate_limit: redis: breaker_failures and breaker_cooldown must not be negative")
 	case o.PoolSize < 0:
@@ -131,7 +134,7 @@ func (t *RedisTLS) config() (*tls.Config, error) {
 func (o redisOptions) poolKey() string {
 	b, _ := json.Marshal([]any{o.Address, o.Addresses, o.Cluster, o.SentinelMaster, o.SentinelAddresses,
 		o.SentinelUsername, o.SentinelPassword, o.Username, o.Password, o.DB, o.Protocol, o.DisableIdentity,
-		o.PoolSize, o.Pipelines, o.DialTimeout, o.KeyPrefix, o.Timeout, o.BreakerFailures, o.BreakerCooldown, o.tlsID})
+		o.PoolSize, o.Pipelines, o.DialTimeout, o.KeyPrefix, o.Timeout, o.MaxWait, o.BreakerFailures, o.BreakerCooldown, o.tlsID})
 	sum := sha256.Sum256(b)
 	return "redis:" + hex.EncodeToString(sum[:])
 }

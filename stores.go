@@ -38,13 +38,14 @@ func (s redisStore) Destruct() error { return s.Close() }
 // it on first use, and the pool key to release it with.
 func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	if h.Redis == nil {
-		s, err := loadMemoryStore(time.Duration(h.SweepInterval))
+		s, err := h.loadMemoryStore()
 		return s, memoryPoolKey, err
 	}
 	opt, err := h.Redis.options()
 	if err != nil {
 		return nil, "", err
 	}
+	opt.Log = h.logger
 	key := opt.poolKey()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s, err := limiter.NewRedisStore(opt.RedisOptions)
@@ -59,16 +60,34 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	return v.(redisStore).RedisStore, key, nil
 }
 
+// DefaultMaxKeys is how many buckets a node keeps in memory when max_keys
+// is not set: about 100 B of heap each, so at most about 50 MB live, and
+// 100 MB with the garbage collector's headroom.
+const DefaultMaxKeys = 500_000
+
 // loadMemoryStore returns this process's memory store, shared by every
-// handler and configuration (release it with stores.Delete(memoryPoolKey)).
-func loadMemoryStore(sweep time.Duration) (*limiter.MemoryStore, error) {
+// handler and configuration (release it with stores.Delete(memoryPoolKey)),
+// and sets its key limit and sweep interval to this handler's: the
+// configuration loaded last sets them.
+func (h *Handler) loadMemoryStore() (*limiter.MemoryStore, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
 		return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return v.(memoryStore).MemoryStore, nil
+	s := v.(memoryStore).MemoryStore
+	maxKeys := h.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	s.SetMaxKeys(maxKeys)
+	sweep := time.Duration(h.SweepInterval)
+	if sweep == 0 {
+		sweep = time.Minute
+	}
+	s.SetSweepInterval(sweep)
+	return s, nil
 }
 
 // storeName names the handler's store in metric labels and the admin API:

@@ -75,18 +75,22 @@ type Zone struct {
 	// not a non-negative integer gets status 400). Default: 1.
 	Cost string `json:"cost,omitempty"`
 
-	// OnError is what the zone does when Redis cannot decide (down, slow
-	// beyond the timeout, or the circuit breaker open): `allow` lets the
-	// request pass (fail open), `deny` rejects it with 503 and
-	// Retry-After (fail closed, for abuse-sensitive routes such as
-	// login), `local` decides on a bucket in this node's memory with the
-	// zone's rate and burst divided by FleetSize. Default: `allow`.
+	// OnError is what the zone does when Redis cannot decide (down, hung
+	// beyond the timeout, out of memory, refusing the credentials, or the
+	// circuit breaker open): `local` decides on a bucket in this node's
+	// memory with the zone's rate and burst divided by the fleet's size
+	// (see FleetSize), so the limit stays on; `deny` rejects the request
+	// with 503 and Retry-After (fail closed, for abuse-sensitive routes
+	// such as login); `allow` lets it pass unlimited (fail open). The
+	// memory store never fails. Default: `local`.
 	OnError string `json:"on_error,omitempty"`
 
 	// FleetSize is how many nodes share the zone's limit, for the `local`
 	// policy: each node's fallback bucket gets 1/FleetSize of the rate and
 	// burst, so the fleet stays about within the limit while Redis is
-	// away. Default: 1.
+	// away. Default: the nodes the fleet view saw in the last 10 seconds
+	// (this one included), or 1 when it has seen no other (or metrics are
+	// disabled).
 	FleetSize int64 `json:"fleet_size,omitempty"`
 
 	// MatcherSetsRaw limits the zone to matching requests. Default: all
@@ -134,7 +138,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if z.FleetSize < 0 {
 		return limiter.ErrBadFleetSize
 	}
-	if err := rule.SetFailurePolicy(policy, max(1, z.FleetSize)); err != nil {
+	if err := rule.SetFailurePolicy(policy, z.FleetSize); err != nil {
 		return err
 	}
 

@@ -80,22 +80,25 @@ func (s *RedisStore) fleetKey(zone string) string {
 }
 
 // FleetReport adds one node's counts to the fleet's counters, at Redis'
-// current second, and marks the node present in each zone. It makes two
-// round trips (TIME, then one pipeline), and is meant to be called about
-// once a second, off the request path.
-func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []FleetReport) error {
+// current second, and marks the node present in each zone. It returns how
+// many nodes (this one included) reported within FleetNodeTimeout in the
+// zone that has the most. It makes two round trips (TIME, then one
+// pipeline), and is meant to be called about once a second, off the
+// request path.
+func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []FleetReport) (int, error) {
 	if len(reports) == 0 {
-		return nil
+		return 0, nil
 	}
 	now, err := s.client.Time(ctx).Result()
 	if err != nil {
-		return fmt.Errorf("redis time: %w", err)
+		return 0, fmt.Errorf("redis time: %w", err)
 	}
 	sec := now.Unix()
 	minute := strconv.FormatInt(sec-sec%60, 10)
 	secStr := strconv.FormatInt(sec, 10) + ":"
 	retention := FleetRetention
 	pipe := s.client.Pipeline()
+	cards := make([]*redis.IntCmd, 0, len(reports))
 	for _, r := range reports {
 		base := s.fleetKey(r.Zone)
 		key := base + minute
@@ -112,18 +115,23 @@ func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []Fle
 		nodes := base + "nodes"
 		pipe.ZAdd(ctx, nodes, redis.Z{Score: float64(sec), Member: node})
 		pipe.ZRemRangeByScore(ctx, nodes, "-inf", "("+strconv.FormatInt(sec-int64(FleetNodeTimeout/time.Second), 10))
+		cards = append(cards, pipe.ZCard(ctx, nodes))
 		pipe.Expire(ctx, nodes, 2*FleetNodeTimeout)
 	}
 	cmds, err := pipe.Exec(ctx)
 	for _, c := range cmds {
 		if c.Err() != nil {
-			return fmt.Errorf("redis fleet counters: %w", c.Err())
+			return 0, fmt.Errorf("redis fleet counters: %w", c.Err())
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("redis fleet counters: %w", err)
+		return 0, fmt.Errorf("redis fleet counters: %w", err)
 	}
-	return nil
+	most := 0
+	for _, c := range cards {
+		most = max(most, int(c.Val()))
+	}
+	return most, nil
 }
 
 // FleetRead returns the fleet's counts of the zones over the last seconds

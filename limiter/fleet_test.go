@@ -22,11 +22,11 @@ func TestFleetCounters(t *testing.T) {
 	b.Zone, b.Counts[Admitted], b.Counts[FailedOpen] = "api", 3, 1
 	login := FleetReport{Zone: "login"}
 	login.Counts[LocalDenied] = 4
-	if err := s.FleetReport(ctx, "node-a", []FleetReport{a, login}); err != nil {
-		t.Fatal(err)
+	if n, err := s.FleetReport(ctx, "node-a", []FleetReport{a, login}); err != nil || n != 1 {
+		t.Fatalf("first report: %d nodes, %v; want 1", n, err)
 	}
-	if err := s.FleetReport(ctx, "node-b", []FleetReport{b}); err != nil {
-		t.Fatal(err)
+	if n, err := s.FleetReport(ctx, "node-b", []FleetReport{b}); err != nil || n != 2 {
+		t.Fatalf("second report: %d nodes, %v; want 2", n, err)
 	}
 	// The view ends two seconds before Redis' current second.
 	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(2100 * time.Millisecond)))

@@ -8,6 +8,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -150,6 +151,9 @@ type Limiter struct {
 	fleet   func() int64
 	lastLog atomic.Int64 // unix nanoseconds of the last failure logged
 	failed  atomic.Uint64
+	// lastCause is the last store error other than an open breaker: why
+	// the breaker opened, for the log.
+	lastCause atomic.Pointer[error]
 	// lastLocal is when the last decision fell back to local buckets
 	// (unix nanoseconds), to log when a fallback starts.
 	lastLocal atomic.Int64
@@ -226,6 +230,9 @@ type breakered interface{ Breaker() *Breaker }
 // not decide: deny wins over local, local over allow.
 func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
+	if !errors.Is(err, ErrBreakerOpen) {
+		l.lastCause.Store(&err)
+	}
 	l.logFailure(err)
 	deny, local := false, false
 	for i := range reqs {
@@ -328,6 +335,18 @@ func (l *Limiter) logFailure(err error) {
 	if now-last < int64(time.Second) || !l.lastLog.CompareAndSwap(last, now) {
 		return
 	}
-	l.log.Warn("rate limit store failed; each zone applies its failure policy (allow unless set)",
-		zap.Error(err), zap.Uint64("failures_total", l.failed.Load()))
+	if errors.Is(err, ErrBreakerOpen) {
+		if cause := l.lastCause.Load(); cause != nil {
+			err = fmt.Errorf("%w, after: %w", err, *cause)
+		}
+	}
+	msg := "rate limit store failed; each zone applies its failure policy (local unless set)"
+	switch {
+	case IsOOM(err):
+		msg = "Redis is out of memory: its maxmemory is reached and its maxmemory-policy refuses new buckets " +
+			"(set maxmemory-policy volatile-ttl); each zone applies its failure policy (local unless set)"
+	case IsAuth(err):
+		msg = "Redis refuses the rate limit store's credentials or commands; each zone applies its failure policy (local unless set)"
+	}
+	l.log.Warn(msg, zap.Error(err), zap.Uint64("failures_total", l.failed.Load()))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
@@ -78,9 +79,13 @@ type statsZone struct {
 	// survive reloads).
 	Totals        outcomeCounts[uint64] `json:"totals"`
 	DenyCacheHits uint64                `json:"deny_cache_hits"`
-	Rates         statsWindows          `json:"rates"`
-	TopDenied     statsTop              `json:"top_denied"`
-	Series        *statsSeries          `json:"series,omitempty"`
+	// Evictions counts the zone's buckets this node's memory store
+	// evicted before they were full, to make room for new keys
+	// (max_keys).
+	Evictions uint64       `json:"evictions"`
+	Rates     statsWindows `json:"rates"`
+	TopDenied statsTop     `json:"top_denied"`
+	Series    *statsSeries `json:"series,omitempty"`
 	// Fleet is what every node sharing the zone's Redis decided; absent
 	// with the memory store.
 	Fleet *statsFleet `json:"fleet,omitempty"`
@@ -129,6 +134,25 @@ type statsStore struct {
 	Latency   *statsLatency     `json:"latency_ms,omitempty"`
 	LastError *statsError       `json:"last_error,omitempty"`
 	Fleet     *statsFleetStatus `json:"fleet,omitempty"`
+	// Keys and MaxKeys are the buckets the memory store holds and its
+	// bound (max_keys); memory store only.
+	Keys    int `json:"keys,omitempty"`
+	MaxKeys int `json:"max_keys,omitempty"`
+	// Memory is what Redis last said of its memory (read once a
+	// minute); Redis only, absent until read or when INFO is refused.
+	Memory *statsRedisMemory `json:"memory,omitempty"`
+}
+
+// statsRedisMemory is Redis' memory: used against maxmemory (0: no limit),
+// the eviction policy, and the keys evicted since Redis started; summed
+// over a Cluster's masters.
+type statsRedisMemory struct {
+	UsedBytes   int64  `json:"used_bytes"`
+	MaxBytes    int64  `json:"max_bytes"`
+	Policy      string `json:"policy"`
+	EvictedKeys int64  `json:"evicted_keys"`
+	// Warning says what is wrong with the policy, if anything.
+	Warning string `json:"warning,omitempty"`
 }
 
 // statsLatency are store call latency percentiles over the last 60 s, in
@@ -213,6 +237,7 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 		Name:          z.name,
 		Totals:        countsOf(z.loadTotals()),
 		DenyCacheHits: z.hits.Load(),
+		Evictions:     info.evictions(),
 		Rates: statsWindows{
 			One:   ratesOf(z.ring.sum(last, 1), 1),
 			Ten:   ratesOf(z.ring.sum(last, 10), 10),
@@ -315,9 +340,15 @@ func (s *storeStats) snapshot(now int64) statsStore {
 		sj.Errors[name] = s.errs[r].Load()
 	}
 	if s.redis == nil {
+		if s.memory != nil {
+			sj.Keys, sj.MaxKeys = s.memory.Len(), s.memory.MaxKeys()
+		}
 		return sj
 	}
 	sj.Kind = "redis"
+	if m, ok := s.redis.Memory(); ok {
+		sj.Memory = redisMemoryOf(m)
+	}
 	recent := s.lat.summary(now, 10)
 	sj.CallsPerSecond = float64(recent.calls) / 10
 	sj.ErrorsPerSecond = float64(recent.errors) / 10
@@ -354,4 +385,26 @@ func (s *storeStats) snapshot(now int64) statsStore {
 		sj.Fleet = st
 	}
 	return sj
+}
+
+// redisMemoryOf reports Redis' memory, with a warning for a policy that lets
+// buckets fill Redis to OOM or evicts without regard to their TTLs.
+func redisMemoryOf(m limiter.RedisMemory) *statsRedisMemory {
+	out := &statsRedisMemory{UsedBytes: m.UsedMemory, MaxBytes: m.MaxMemory, EvictedKeys: m.EvictedKeys}
+	for _, srv := range m.Servers {
+		if out.Policy == "" || out.Policy == srv.Policy {
+			out.Policy = srv.Policy
+		} else {
+			out.Policy = "mixed"
+		}
+	}
+	switch {
+	case out.MaxBytes == 0:
+		out.Warning = "no maxmemory: Redis grows until the system runs out of memory; set maxmemory and maxmemory-policy volatile-ttl"
+	case out.Policy == "noeviction":
+		out.Warning = "noeviction: a flood of new keys fills Redis, then every decision fails (OOM); set maxmemory-policy volatile-ttl"
+	case strings.HasPrefix(out.Policy, "allkeys-"):
+		out.Warning = out.Policy + " evicts without regard to the buckets' TTLs; volatile-ttl evicts the buckets closest to full"
+	}
+	return out
 }

@@ -57,6 +57,9 @@ type fleetReporter struct {
 
 	lastOK  atomic.Int64 // unix nanoseconds of the last successful report
 	lastErr atomic.Pointer[storeError]
+	// nodes is how many nodes the last successful report found in the
+	// fleet within limiter.FleetNodeTimeout (0: none yet).
+	nodes atomic.Int64
 
 	readMu   sync.Mutex
 	readKey  string
@@ -132,7 +135,7 @@ func (f *fleetReporter) report() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
-	err := f.s.redis.FleetReport(ctx, nodeID, reports)
+	nodes, err := f.s.redis.FleetReport(ctx, nodeID, reports)
 	cancel()
 	if err != nil {
 		f.lastErr.Store(&storeError{msg: err.Error(), at: time.Now()})
@@ -149,6 +152,7 @@ func (f *fleetReporter) report() {
 		return
 	}
 	f.lastOK.Store(time.Now().UnixNano())
+	f.nodes.Store(int64(nodes))
 	f.mu.Lock()
 	for i, z := range zones {
 		if _, ok := f.reported[z]; ok {

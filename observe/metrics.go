@@ -21,10 +21,11 @@ import (
 //	caddy_rate_limit_store_duration_seconds{store}         histogram
 //	caddy_rate_limit_store_errors_total{store,reason}      counter
 //	caddy_rate_limit_breaker_open{store}                   gauge
+//	caddy_rate_limit_evictions_total{zone}                 counter
 //
 // outcome is one of allowed, denied, failed_open, failed_closed,
 // local_allowed, local_denied (see zoneOutcome); reason is one of timeout,
-// breaker_open, error.
+// breaker_open, oom, auth, error.
 
 const (
 	metricsNamespace = "caddy"
@@ -46,10 +47,12 @@ const (
 	reasonTimeout = iota
 	reasonBreakerOpen
 	reasonError
+	reasonOOM  // Redis out of memory (maxmemory with a policy that refuses writes)
+	reasonAuth // Redis refused the credentials (WRONGPASS, NOAUTH, NOPERM)
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"timeout", "breaker_open", "error"}
+var reasonNames = [numReasons]string{"timeout", "breaker_open", "error", "oom", "auth"}
 
 var metrics = struct {
 	once          sync.Once
@@ -58,6 +61,7 @@ var metrics = struct {
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	breaker       *breakerCollector
+	evictions     *evictionsCollector
 
 	// mu guards users: how many stats values use the series of a zone or
 	// store name. Their series are deleted when the last one goes, not
@@ -91,12 +95,16 @@ func initMetrics() {
 			Namespace: metricsNamespace,
 			Subsystem: metricsSubsystem,
 			Name:      "store_errors_total",
-			Help:      "Decisions the shared store (Redis) could not make, by reason: timeout, breaker_open, error.",
+			Help:      "Decisions the shared store (Redis) could not make, by reason: timeout, breaker_open, oom, auth, error.",
 		}, []string{"store", "reason"})
 		metrics.breaker = &breakerCollector{desc: prometheus.NewDesc(
 			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "breaker_open"),
 			"1 while the store's circuit breaker is open or waiting for its probe (decisions take the zones' failure policies), else 0.",
 			[]string{"store"}, nil)}
+		metrics.evictions = &evictionsCollector{desc: prometheus.NewDesc(
+			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "evictions_total"),
+			"Buckets of the zone this node's memory store evicted before they were full, to make room for new keys (max_keys).",
+			[]string{"zone"}, nil)}
 	})
 }
 
@@ -108,7 +116,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits,
-		metrics.storeDuration, metrics.storeErrors, metrics.breaker} {
+		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -214,4 +222,24 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, val := range open {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, val, name)
 	}
+}
+
+// evictionsCollector reports each zone's evictions from this process's
+// memory store, read when scraped (the store counts them itself).
+type evictionsCollector struct {
+	desc *prometheus.Desc
+}
+
+// Describe sends the counter's description (prometheus.Collector).
+func (c *evictionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect sends each zone's evictions (prometheus.Collector).
+func (c *evictionsCollector) Collect(ch chan<- prometheus.Metric) {
+	zoneRegistry.Range(func(_, v any) bool {
+		z := v.(*zoneStats)
+		if info := z.info.Load(); info != nil && info.memory != nil && !z.dead.Load() {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(info.evictions()), z.name)
+		}
+		return true
+	})
 }

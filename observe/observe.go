@@ -38,6 +38,10 @@ type Config struct {
 	// StoreName names the store in metric labels and the admin API. It
 	// must not contain a credential.
 	StoreName string
+	// Memory is this process's memory store when the handler keeps
+	// buckets in it (the memory store, or the local fallback buckets of
+	// zones with on_error local): the zones' evictions are counted there.
+	Memory *limiter.MemoryStore
 	// LogKey shows client keys as they are in the statistics and events;
 	// otherwise they carry only a one-way digest.
 	LogKey bool
@@ -115,14 +119,20 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			return err
 		}
 		h.zoneKeys = append(h.zoneKeys, z.name)
-		zs.info.Store(&zoneInfo{
+		info := &zoneInfo{
 			alg:     z.rule.Algorithm.String(),
 			rate:    z.rule.Rate,
 			per:     z.rule.Per,
 			burst:   z.rule.Burst,
 			onError: z.rule.OnError.String(),
 			logKey:  cfg.LogKey,
-		})
+			memory:  cfg.Memory,
+			buckets: []string{z.rule.Bucket},
+		}
+		if z.rule.Local != nil {
+			info.buckets = append(info.buckets, z.rule.Local.Bucket)
+		}
+		zs.info.Store(info)
 		zs.store.Store(ss)
 		if ss.fleet != nil {
 			ss.fleet.link(zs)
@@ -139,6 +149,19 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 
 // Zone returns the share of the i-th zone of Config.Rules.
 func (h *Handler) Zone(i int) *Zone { return h.zones[i] }
+
+// FleetSize returns how many nodes share the handler's Redis store lately:
+// those the fleet view saw in the 10 seconds before its last successful
+// report (kept while Redis is away: the fleet does not shrink because
+// Redis does), and 1 when it has seen no other node, or has no fleet view
+// (the memory store, or metrics disabled). It is the divisor of the local
+// fallback buckets of zones without fleet_size (limiter.Options.FleetSize).
+func (h *Handler) FleetSize() int64 {
+	if h.store == nil || h.store.fleet == nil {
+		return 1
+	}
+	return max(1, h.store.fleet.nodes.Load())
+}
 
 // Observer returns what the handler's limiter should report its store
 // calls and deny cache hits to (limiter.Options.Observer), or nil when

@@ -40,6 +40,23 @@ type zoneInfo struct {
 	burst   int64
 	onError string
 	logKey  bool
+	// memory holds the zone's buckets in this process (the memory store,
+	// or the local fallback buckets), named buckets there; nil if none.
+	memory  *limiter.MemoryStore
+	buckets []string
+}
+
+// evictions returns how many of the zone's buckets this process's memory
+// store evicted to make room for new keys (max_keys).
+func (i *zoneInfo) evictions() uint64 {
+	if i == nil || i.memory == nil {
+		return 0
+	}
+	var n uint64
+	for _, b := range i.buckets {
+		n += i.memory.Evictions(b)
+	}
+	return n
 }
 
 // zoneStats are one zone's statistics, shared by every handler with a zone
@@ -109,7 +126,8 @@ type storeError struct {
 type storeStats struct {
 	key    string
 	name   string
-	redis  *limiter.RedisStore // nil for the memory store
+	redis  *limiter.RedisStore  // nil for the memory store
+	memory *limiter.MemoryStore // nil for a Redis store
 	lat    latencyRing
 	errs   [numReasons]atomic.Uint64
 	last   atomic.Pointer[storeError]
@@ -123,6 +141,7 @@ func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) 
 	v, _, err := storeRegistry.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s := &storeStats{key: key, name: name}
 		s.redis, _ = store.(*limiter.RedisStore)
+		s.memory, _ = store.(*limiter.MemoryStore)
 		s.series = claimStoreSeries(name)
 		if s.redis != nil {
 			s.fleet = startFleetReporter(s)
@@ -155,6 +174,10 @@ func (s *storeStats) decided(took time.Duration, err error) {
 		reason = reasonBreakerOpen
 	case errors.Is(err, limiter.ErrStoreTimeout):
 		reason = reasonTimeout
+	case limiter.IsOOM(err):
+		reason = reasonOOM
+	case limiter.IsAuth(err):
+		reason = reasonAuth
 	default:
 		reason = reasonError
 	}

@@ -132,8 +132,8 @@ class ZoneCard {
   update(z) {
     this.title.textContent = z.name;
     const rule = z.rate ? `${z.rate} per ${z.per}` + (z.burst && z.algorithm === "token_bucket" ? `, burst ${z.burst}` : "") : "";
-    this.rule.textContent = [rule, z.algorithm, "on_error " + (z.on_error || "allow"), "store " + z.store,
-      `deny cache hits ${z.deny_cache_hits}`].filter(Boolean).join(" · ");
+    this.rule.textContent = [rule, z.algorithm, "on_error " + (z.on_error || "local"), "store " + z.store,
+      `deny cache hits ${z.deny_cache_hits}`, `evictions ${z.evictions || 0}`].filter(Boolean).join(" · ");
     this.localRates.replaceChildren(ratesLine(z.rates));
     this.localChart.draw(z.series, `${z.name}: allowed and denied per second on this node`);
 
@@ -160,6 +160,13 @@ class ZoneCard {
   }
 }
 
+function fmtBytes(n) {
+  if (n >= 1 << 30) return (n / (1 << 30)).toFixed(1) + " GiB";
+  if (n >= 1 << 20) return (n / (1 << 20)).toFixed(1) + " MiB";
+  if (n >= 1 << 10) return (n / (1 << 10)).toFixed(1) + " KiB";
+  return n + " B";
+}
+
 function storeCard(s) {
   const kv = el("div", { class: "kv" });
   const add = (k, v) => kv.append(el("span", {}, k + " ", el("b", {}, v)));
@@ -175,14 +182,26 @@ function storeCard(s) {
       add("max", fmtMs(l.max));
     }
     add("timeouts", String(s.errors.timeout));
+    add("out of memory", String(s.errors.oom || 0));
+    add("auth", String(s.errors.auth || 0));
     add("failures", String(s.errors.error));
+    const m = s.memory;
+    if (m) {
+      add("memory", fmtBytes(m.used_bytes) + (m.max_bytes ? " of " + fmtBytes(m.max_bytes) : " (no maxmemory)"));
+      add("policy", m.policy);
+      add("evicted keys", String(m.evicted_keys));
+    }
   } else {
     add("kind", "in-process memory (this node only)");
+    if (s.max_keys) add("keys", `${s.keys} of ${s.max_keys}`);
   }
   const card = el("div", { class: "store", "data-store": s.name },
     el("div", {}, el("span", { class: "name" }, s.name), el("span", { class: "badge " + s.status }, s.status)), kv);
   if (s.last_error && s.status !== "ok") {
     card.append(el("div", { class: "lasterror" }, `last error ${new Date(s.last_error.time).toLocaleTimeString()}: ${s.last_error.message}`));
+  }
+  if (s.memory && s.memory.warning) {
+    card.append(el("div", { class: "lasterror" }, "Redis memory: " + s.memory.warning));
   }
   if (s.fleet && s.fleet.last_error) {
     card.append(el("div", { class: "lasterror" }, "fleet view: " + s.fleet.last_error.message));
