@@ -24,6 +24,8 @@ type Flood struct {
 	Addr string
 	// Path is the request path. Default "/".
 	Path string
+	// Host is the Host header. Default: Addr.
+	Host string
 	// Header is the name of the header that carries the key. Default
 	// "X-Key".
 	Header string
@@ -56,6 +58,9 @@ func Run(ctx context.Context, f Flood) (Result, error) {
 	}
 	if f.Header == "" {
 		f.Header = "X-Key"
+	}
+	if f.Host == "" {
+		f.Host = f.Addr
 	}
 	if f.Conns <= 0 {
 		f.Conns = 4
@@ -143,7 +148,9 @@ func (f *Flood) conn(ctx context.Context, next *atomic.Int64) (map[int]int, erro
 func (f *Flood) appendRequest(buf []byte, n int64) []byte {
 	buf = append(buf, "GET "...)
 	buf = append(buf, f.Path...)
-	buf = append(buf, " HTTP/1.1\r\nHost: flood\r\n"...)
+	buf = append(buf, " HTTP/1.1\r\nHost: "...)
+	buf = append(buf, f.Host...)
+	buf = append(buf, "\r\n"...)
 	buf = append(buf, f.Header...)
 	buf = append(buf, ": "...)
 	buf = append(buf, f.Prefix...)
