@@ -1,0 +1,360 @@
+package limiter
+
+// The batcher: decisions queue as calls; a few pipeline workers each take
+// every call waiting, sort them into script calls (one per slot in a
+// Cluster, one per refund) and send those in one pipeline, then hand each
+// call its part of the reply. The script calls' arguments and replies are
+// rediswire.go's.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxBatch bounds how many decisions share one round trip.
+const maxBatch = 256
+
+// call is one script call travelling to a pipeline worker and back.
+type call struct {
+	script *redis.Script
+	keys   []string // per zone: its bucket, rule and cost
+	rules  []*Rule
+	costs  []int64
+	reply  []any
+	err    error
+	done   chan struct{}
+
+	// trip numbers the round trip that carried the call (0 until one
+	// does), for the circuit breaker.
+	trip atomic.Uint64
+
+	// For calls from the pool (see decideOne): who is done with it last
+	// returns it. 0 pending, 1 delivered to a waiting caller, 2 abandoned
+	// by a caller that gave up (the worker then returns it).
+	state  atomic.Uint32
+	pooled bool
+	timer  *time.Timer
+}
+
+// callPool recycles the calls of single-call decisions, with their
+// channel, timer and slices.
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1), pooled: true} }}
+
+// deliver hands a finished call back to its caller, or to the pool if the
+// caller gave up on it.
+func (c *call) deliver() {
+	if !c.pooled || c.state.CompareAndSwap(0, 1) {
+		c.done <- struct{}{}
+		return
+	}
+	putCall(c)
+}
+
+// putCall empties a call and returns it to the pool.
+func putCall(c *call) {
+	clear(c.keys)
+	clear(c.rules)
+	c.keys, c.rules, c.costs, c.reply, c.err, c.script = c.keys[:0], c.rules[:0], c.costs[:0], nil, nil, nil
+	c.state.Store(0)
+	c.trip.Store(0)
+	callPool.Put(c)
+}
+
+// worker is a pipeline worker: it takes every call queued, up to
+// maxBatch, and sends them in one round trip, until the store closes.
+func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
+	defer s.wg.Done()
+	batch := make([]*call, 0, maxBatch)
+	var p pipeline
+	for {
+		select {
+		case c := <-s.queue:
+			batch = append(batch[:0], c)
+		case <-s.stop:
+			return
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case c := <-s.queue:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		s.run(&p, batch, inFlight)
+		clear(batch)
+	}
+}
+
+// scriptCall is one EVALSHA of a pipeline: the decide script for a batch
+// of calls (every waiting decision, or in a Cluster those of one slot), or
+// the refund script for one call.
+type scriptCall struct {
+	script *redis.Script
+	calls  []*call
+	cmd    *redis.Cmd
+}
+
+// pipeline is a worker's reusable grouping of a batch into script calls.
+type pipeline struct {
+	groups []scriptCall
+	slots  map[int]int // Cluster: slot to index in groups
+	rules  []*Rule     // a script call's distinct rules
+	keys   []string    // a script call's distinct buckets
+	// buckets maps a script call's buckets to their index in keys, from 1.
+	buckets map[string]int
+	// zones holds, per zone of the script call's calls in order, the index
+	// of its rule and of its bucket (from 1).
+	zones []int
+}
+
+// group sorts a batch into script calls: the decisions into one (per slot
+// in a Cluster, where a script's keys must share a slot), each refund into
+// its own.
+func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
+	for i := range p.groups {
+		clear(p.groups[i].calls)
+		p.groups[i] = scriptCall{calls: p.groups[i].calls[:0]}
+	}
+	p.groups = p.groups[:0]
+	if s.cluster {
+		if p.slots == nil {
+			p.slots = make(map[int]int)
+		}
+		clear(p.slots)
+	}
+	add := func(script *redis.Script, c *call) int {
+		if len(p.groups) < cap(p.groups) {
+			p.groups = p.groups[:len(p.groups)+1]
+		} else {
+			p.groups = append(p.groups, scriptCall{})
+		}
+		g := &p.groups[len(p.groups)-1]
+		g.script, g.calls = script, append(g.calls, c)
+		return len(p.groups) - 1
+	}
+	decide := -1
+	for _, c := range batch {
+		switch {
+		case c.script == s.refund:
+			add(s.refund, c)
+		case s.cluster:
+			slot := keySlot(c.keys[0])
+			if g, ok := p.slots[slot]; ok {
+				p.groups[g].calls = append(p.groups[g].calls, c)
+			} else {
+				p.slots[slot] = add(s.script, c)
+			}
+		case decide >= 0:
+			p.groups[decide].calls = append(p.groups[decide].calls, c)
+		default:
+			decide = add(s.script, c)
+		}
+	}
+	return p.groups
+}
+
+// run sends a batch in one pipeline. A pipelined EVALSHA cannot fall back to
+// EVAL by itself, so script calls answered NOSCRIPT (Redis restarted,
+// failed over, or SCRIPT FLUSH) are sent again once their script is loaded:
+// NOSCRIPT means the script did not run, so nothing is charged twice. So
+// are those answered TRYAGAIN (a Cluster slot in migration), after a short
+// pause.
+func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[flight]) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*s.maxWait)
+	defer cancel()
+	batch = live(batch)
+	if len(batch) == 0 {
+		return
+	}
+	trip := s.trips.Add(1)
+	for _, c := range batch {
+		c.trip.Store(trip)
+	}
+	left := s.stall.mark()
+	inFlight.Store(&flight{trip: trip, left: left})
+	defer inFlight.Store(nil)
+	groups := s.group(p, batch)
+	s.exec(ctx, p, groups)
+	s.timeTrip(left, groups)
+	s.resend(ctx, p, groups)
+	for i := range groups {
+		s.deliver(&groups[i])
+	}
+}
+
+// live returns the calls of batch whose callers still wait, in batch's
+// backing array. Calls whose callers gave up waiting in the queue are not
+// sent: their requests already took the failure policy.
+func live(batch []*call) []*call {
+	live := batch[:0]
+	for _, c := range batch {
+		if c.pooled && c.state.Load() == 2 {
+			putCall(c)
+			continue
+		}
+		live = append(live, c)
+	}
+	return live
+}
+
+// resend sends again, up to three times, the script calls answered
+// NOSCRIPT (once their scripts are loaded) or TRYAGAIN (after a short
+// pause), and sets their new commands in groups.
+func (s *RedisStore) resend(ctx context.Context, p *pipeline, groups []scriptCall) {
+	var again []scriptCall
+	for attempt := 0; attempt < 3; attempt++ {
+		var pos []int
+		var load []*redis.Script
+		tryAgain := false
+		again = again[:0]
+		for i := range groups {
+			switch err := groups[i].cmd.Err(); {
+			case isNoScript(err):
+				again, pos = append(again, groups[i]), append(pos, i)
+				if !containsScript(load, groups[i].script) {
+					load = append(load, groups[i].script)
+				}
+			case redis.IsTryAgainError(err):
+				again, pos = append(again, groups[i]), append(pos, i)
+				tryAgain = true
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		for _, sc := range load {
+			if err := sc.Load(ctx, s.client).Err(); err != nil {
+				again = again[:0] // report the NOSCRIPT errors as they are
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		if tryAgain {
+			select {
+			case <-time.After(2 * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+		s.exec(ctx, p, again)
+		for j, i := range pos {
+			groups[i].cmd = again[j].cmd
+		}
+	}
+}
+
+// timeTrip records how long a round trip that left at left took, when
+// Redis answered it (an answer that is an error reply counts; a failed
+// connection or a timeout does not: a hung Redis must not teach the store
+// to wait longer for it).
+func (s *RedisStore) timeTrip(left stallMark, groups []scriptCall) {
+	for i := range groups {
+		if err := groups[i].cmd.Err(); err != nil {
+			var reply redis.Error
+			if !errors.As(err, &reply) {
+				return
+			}
+		}
+	}
+	took, _ := s.stall.since(left)
+	s.slow.add(took, left.at+int64(took))
+}
+
+// deliver hands each call of a script call its part of the reply, or the
+// error.
+func (s *RedisStore) deliver(g *scriptCall) {
+	if g.script == s.refund {
+		c := g.calls[0]
+		if c.err = g.cmd.Err(); c.err != nil {
+			c.err = s.cmdErr(c.err)
+		}
+		c.deliver()
+		return
+	}
+	reply, err := g.cmd.Slice()
+	if err != nil {
+		err = s.cmdErr(err)
+	}
+	o := 0
+	for _, c := range g.calls {
+		w := replyLen(len(c.keys))
+		switch {
+		case err != nil:
+			c.err = err
+		case o+w > len(reply):
+			c.err = fmt.Errorf("redis: unexpected script reply of %d values for %d zones in %d requests", len(reply), len(c.keys), len(g.calls))
+		default:
+			if e, ok := reply[o].(error); ok {
+				c.err = &requestError{e}
+			} else {
+				c.reply = reply[o : o+w : o+w]
+			}
+		}
+		o += w
+		c.deliver() // the last use of c: it may go back to the pool
+	}
+}
+
+// containsScript reports whether list holds sc.
+func containsScript(list []*redis.Script, sc *redis.Script) bool {
+	for _, x := range list {
+		if x == sc {
+			return true
+		}
+	}
+	return false
+}
+
+// cmdErr wraps a command's error. A socket deadline or the batch's context
+// running out is a timeout like the caller's own, so it is ErrStoreTimeout
+// too: whichever fires first, callers can tell a hung Redis apart.
+func (s *RedisStore) cmdErr(err error) error {
+	var ne net.Error // context.DeadlineExceeded is one as well
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w (%s): redis: %w", ErrStoreTimeout, 2*s.maxWait, err)
+	}
+	return fmt.Errorf("redis: %w", err)
+}
+
+// exec sends script calls in one pipeline and sets each one's command (see
+// scriptArgs for its arguments).
+func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall) {
+	clock := "0"
+	if s.clock != nil {
+		clock = strconv.FormatInt(s.clock(), 10)
+	}
+	pipe := s.client.Pipeline()
+	for i := range groups {
+		g := &groups[i]
+		g.cmd = redis.NewCmd(ctx, p.scriptArgs(g, clock)...)
+		_ = pipe.Process(ctx, g.cmd)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		// Each command carries its own error, except when the connection
+		// failed its set-up with a Redis reply (AUTH or HELLO refused:
+		// WRONGPASS, NOAUTH): go-redis then sets it on no command, which
+		// would read as an empty reply. A command that was answered never
+		// has neither value nor error (a nil reply is redis.Nil).
+		for i := range groups {
+			if cmd := groups[i].cmd; cmd.Err() == nil && cmd.Val() == nil {
+				cmd.SetErr(err)
+			}
+		}
+	}
+}
+
+// isNoScript reports whether err is Redis' NOSCRIPT reply.
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}

@@ -1,0 +1,119 @@
+package limiter
+
+// The decide script's wire format: what a script call sends (its KEYS, the
+// clock, the rules, and per call its zones) and how its reply reads. Both
+// must mirror lua/decide.lua (and lua/refund.lua, which takes the same
+// arguments): a change on one side is a change on the other.
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// fill sets a call's script, and per zone its key, rule and cost.
+func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int) {
+	c.script = script
+	c.keys, c.rules, c.costs = c.keys[:0], c.rules[:0], c.costs[:0]
+	add := func(q *Request) {
+		c.keys = append(c.keys, s.Key(q.Rule.Bucket, q.Key))
+		c.rules = append(c.rules, q.Rule)
+		c.costs = append(c.costs, q.Cost)
+	}
+	if idx == nil {
+		for i := range reqs {
+			add(&reqs[i])
+		}
+	} else {
+		for _, i := range idx {
+			add(&reqs[i])
+		}
+	}
+}
+
+// scriptArgs returns a script call's command: EVALSHA, the distinct
+// buckets of all its calls, the clock ("0": Redis TIME), the rules they use
+// (each once, five arguments each), then per call its number of zones and
+// per zone its rule's index, its bucket's index (both from 1) and its cost.
+// See decide.lua.
+func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
+	if p.buckets == nil {
+		p.buckets = make(map[string]int)
+	}
+	rules, keys, zones := p.rules[:0], p.keys[:0], p.zones[:0]
+	clear(p.buckets)
+	for _, c := range g.calls {
+		for z, r := range c.rules {
+			ri := slices.Index(rules, r)
+			if ri < 0 {
+				rules = append(rules, r)
+				ri = len(rules) - 1
+			}
+			ki, ok := p.buckets[c.keys[z]]
+			if !ok {
+				keys = append(keys, c.keys[z])
+				ki = len(keys)
+				p.buckets[c.keys[z]] = ki
+			}
+			zones = append(zones, ri+1, ki)
+		}
+	}
+	args := make([]any, 0, 5+len(keys)+5*len(rules)+len(g.calls)+3*len(zones)/2)
+	args = append(args, "evalsha", g.script.Hash(), len(keys))
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	args = append(args, clock, len(rules))
+	for _, r := range rules {
+		args = append(args, r.scriptArgs()...)
+	}
+	next := zones
+	for _, c := range g.calls {
+		args = append(args, len(c.keys))
+		for _, cost := range c.costs {
+			args = append(args, next[0], next[1], cost)
+			next = next[2:]
+		}
+	}
+	clear(rules)
+	clear(keys)
+	p.rules, p.keys, p.zones = rules[:0], keys[:0], zones[:0]
+	return args
+}
+
+// replyLen is how many values of the decide script's flat reply belong to
+// a request of zones zones: admitted (or the request's error), then four
+// per zone.
+func replyLen(zones int) int { return 1 + 4*zones }
+
+// decodeReply turns the script's reply into results, through the same
+// Rule.result as the memory store.
+func decodeReply(reply []any, reqs []Request, results []Result) (bool, error) {
+	return decodeReplyAs(reply, reqs, results, true)
+}
+
+// decodeReplyAs is decodeReply; with charged false it reports every zone as
+// not charged (the request was refunded).
+func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) (bool, error) {
+	if len(reply) != replyLen(len(reqs)) {
+		return false, fmt.Errorf("redis: unexpected script reply of %d values for %d zones", len(reply), len(reqs))
+	}
+	admit := false
+	if n, ok := reply[0].(int64); ok {
+		admit = n == 1
+	}
+	var vals [4]int64
+	for i := range reqs {
+		for j := range 4 {
+			n, ok := reply[1+4*i+j].(int64)
+			if !ok {
+				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+4*i+j])
+			}
+			vals[j] = n
+		}
+		r := reqs[i].Rule
+		results[i] = r.result(r.fromReply(vals), admit && charged, reqs[i].Cost)
+	}
+	return admit, nil
+}
