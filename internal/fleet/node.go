@@ -62,6 +62,7 @@ type Node struct {
 	bin     string
 	cfgPath string
 	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has exited (its ProcessState is set)
 	env     []string
 }
 
@@ -99,9 +100,15 @@ func StartNode(t redistest.T, bin, globals, site string, env ...string) *Node {
 	n.cmd = exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
 	n.cmd.Stdout, n.cmd.Stderr = n.Log, n.Log
 	n.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
+	n.cmd.SysProcAttr = sysProcAttr()
 	if err := n.cmd.Start(); err != nil {
 		t.Fatalf("starting caddy: %v", err)
 	}
+	n.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, exited chan struct{}) {
+		_ = cmd.Wait()
+		close(exited)
+	}(n.cmd, n.exited)
 	t.Cleanup(n.Stop)
 	n.waitReady()
 	return n
@@ -116,26 +123,42 @@ func (n *Node) writeConfig(globals, site string) {
 	}
 }
 
+// readyTimeout bounds how long a node may take to serve its configuration.
+const readyTimeout = 20 * time.Second
+
+// waitReady waits until the node serves its configuration, and fails the
+// test with the node's output when it does not within readyTimeout, or at
+// once when the process exits.
 func (n *Node) waitReady() {
 	n.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		// Ready when this node's admin endpoint serves this node's config
-		// (another process could hold a port that was free a moment ago).
-		resp, err := http.Get("http://" + n.Admin + "/config/")
-		if err == nil {
-			cfg, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && bytes.Contains(cfg, []byte(fmt.Sprintf(`":%d"`, n.Port))) {
-				return
-			}
+	deadline := time.NewTimer(readyTimeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for !n.ready() {
+		select {
+		case <-n.exited:
+			n.t.Fatalf("caddy exited at start (%v); its output:\n%s", n.cmd.ProcessState, n.Log.String())
+		case <-deadline.C:
+			n.t.Fatalf("caddy did not become ready within %s; its output:\n%s", readyTimeout, n.Log.String())
+		case <-poll.C:
 		}
-		if n.cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	n.t.Fatalf("caddy did not become ready; its output:\n%s", n.Log.String())
+}
+
+// readyClient asks the admin endpoint whether the node is ready.
+var readyClient = &http.Client{Timeout: 2 * time.Second}
+
+// ready reports whether this node's admin endpoint serves this node's
+// config (another process could hold a port that was free a moment ago).
+func (n *Node) ready() bool {
+	resp, err := readyClient.Get("http://" + n.Admin + "/config/")
+	if err != nil {
+		return false
+	}
+	cfg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == 200 && bytes.Contains(cfg, []byte(fmt.Sprintf(`":%d"`, n.Port)))
 }
 
 // Reload replaces the configuration and reloads the running Caddy through
@@ -155,7 +178,7 @@ func (n *Node) Stop() {
 		return
 	}
 	_ = n.cmd.Process.Kill()
-	_ = n.cmd.Wait()
+	<-n.exited
 	n.cmd = nil
 }
 

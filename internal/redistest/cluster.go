@@ -200,28 +200,11 @@ func (c *Cluster) do(args ...string) (any, error) {
 	return nil, fmt.Errorf("too many redirections, last: %w", err)
 }
 
-// doAsking is do preceded, on the same connection, by ASKING when asking.
-func (s *Server) doAsking(asking bool, args ...string) (any, error) {
-	if !asking {
-		return s.do(args...)
-	}
-	c, err := s.dial()
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	if _, err := c.call("ASKING"); err != nil {
-		return nil, fmt.Errorf("ASKING: %w", err)
-	}
-	return c.call(args...)
-}
-
 // anyNode returns the first node that accepts a connection (the first
 // node when none does, so that the caller sees the error).
 func (c *Cluster) anyNode() *Server {
 	for _, n := range c.nodes {
-		if conn, err := n.dial(); err == nil {
-			conn.Close()
+		if accepts(n.Addr) {
 			return n
 		}
 	}

@@ -6,21 +6,19 @@
 package redistest
 
 import (
-	"bufio"
 	"crypto/tls"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // T is the part of testing.TB that the helpers use, so that a command (the
@@ -66,9 +64,10 @@ type process struct {
 	dir  string
 	log  string // the log file, appended to across restarts
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}               // closed when cmd has exited
+	clients map[clientKey]*redis.Client // Do's clients (see client)
 }
 
 // Start starts a redis-server with no persistence on a free loopback port,
@@ -154,10 +153,14 @@ func (s *Server) start() {
 	p.mu.Unlock()
 
 	deadline := time.Now().Add(10 * time.Second)
+	err = errors.New("no connection accepted")
 	for {
-		_, err := s.Do("PING")
-		if err == nil {
-			return
+		// Only once the port accepts connections: the client's dial
+		// failures would be logged.
+		if accepts(s.Addr) {
+			if _, err = s.Do("PING"); err == nil {
+				return
+			}
 		}
 		select {
 		case <-done:
@@ -183,6 +186,7 @@ func (s *Server) Stop() {
 	cmd, done := p.cmd, p.done
 	p.cmd, p.done = nil, nil
 	p.mu.Unlock()
+	p.closeClients()
 	if cmd == nil {
 		return
 	}
@@ -211,174 +215,6 @@ func (s *Server) Restart() {
 // Stop, Pause and Restart on it act on the server itself.
 func (s *Server) As(username, password string) *Server {
 	return &Server{Addr: s.Addr, Port: s.Port, Username: username, Password: password, TLS: s.TLS, p: s.p}
-}
-
-// Do sends one command over a fresh connection (TLS when s.TLS is set,
-// after AUTH when Password or Username is set) and returns the reply
-// rendered as text: integers and strings as they are, arrays as lines, nil
-// as "(nil)". An error reply is returned as an error.
-func (s *Server) Do(args ...string) (string, error) {
-	v, err := s.do(args...)
-	if err != nil {
-		return "", err
-	}
-	return render(v), nil
-}
-
-// MustDo is Do that fails the test on error.
-func (s *Server) MustDo(args ...string) string {
-	s.p.t.Helper()
-	out, err := s.Do(args...)
-	if err != nil {
-		s.p.t.Fatalf("redis %s %v: %v", s.Addr, args, err)
-	}
-	return out
-}
-
-// do is Do with the reply as a value (see readValue).
-func (s *Server) do(args ...string) (any, error) {
-	c, err := s.dial()
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.call(args...)
-}
-
-// conn is one connection to a server with its reader.
-type conn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-// dial connects to the server (with TLS when s.TLS is set), with a
-// deadline of 5 s for everything done on the connection, and authenticates
-// when Password or Username is set.
-func (s *Server) dial() (*conn, error) {
-	d := &net.Dialer{Timeout: time.Second}
-	var nc net.Conn
-	var err error
-	if s.TLS != nil {
-		nc, err = tls.DialWithDialer(d, "tcp", s.Addr, s.TLS)
-	} else {
-		nc, err = d.Dial("tcp", s.Addr)
-	}
-	if err != nil {
-		return nil, err
-	}
-	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
-	c := &conn{Conn: nc, r: bufio.NewReader(nc)}
-	if s.Password != "" || s.Username != "" {
-		auth := []string{"AUTH", s.Password}
-		if s.Username != "" {
-			auth = []string{"AUTH", s.Username, s.Password}
-		}
-		if _, err := c.call(auth...); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("AUTH: %w", err)
-		}
-	}
-	return c, nil
-}
-
-// call sends one command and reads its reply.
-func (c *conn) call(args ...string) (any, error) {
-	if err := writeCommand(c, args...); err != nil {
-		return nil, err
-	}
-	return readValue(c.r)
-}
-
-func writeCommand(w io.Writer, args ...string) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-// replyError is an error reply from Redis; its text is the reply's.
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
-
-// readValue reads one RESP2 reply: a simple or bulk string as string, an
-// integer as int64, a nil bulk string as nil, an array as []any (a nil
-// array as a nil []any). An error reply, also inside an array, is returned
-// as a replyError.
-func readValue(r *bufio.Reader) (any, error) {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	line = strings.TrimRight(line, "\r\n")
-	if line == "" {
-		return nil, fmt.Errorf("empty reply")
-	}
-	switch line[0] {
-	case '+':
-		return line[1:], nil
-	case ':':
-		n, err := strconv.ParseInt(line[1:], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("bad integer reply %q", line)
-		}
-		return n, nil
-	case '-':
-		return nil, replyError(line[1:])
-	case '$':
-		n, _ := strconv.Atoi(line[1:])
-		if n < 0 {
-			return nil, nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, err
-		}
-		return string(buf[:n]), nil
-	case '*':
-		n, _ := strconv.Atoi(line[1:])
-		if n < 0 {
-			return []any(nil), nil
-		}
-		parts := make([]any, 0, n)
-		for range n {
-			p, err := readValue(r)
-			if err != nil {
-				return nil, err
-			}
-			parts = append(parts, p)
-		}
-		return parts, nil
-	}
-	return nil, fmt.Errorf("unexpected reply %q", line)
-}
-
-// render is how Do shows a reply value.
-func render(v any) string {
-	switch v := v.(type) {
-	case nil:
-		return "(nil)"
-	case string:
-		return v
-	case int64:
-		return strconv.FormatInt(v, 10)
-	case []any:
-		parts := make([]string, len(v))
-		for i, p := range v {
-			parts[i] = render(p)
-		}
-		return strings.Join(parts, "\n")
-	}
-	return fmt.Sprint(v)
-}
-
-// isReplyError reports whether err is an error reply starting with prefix.
-func isReplyError(err error, prefix string) bool {
-	var re replyError
-	return errors.As(err, &re) && strings.HasPrefix(string(re), prefix)
 }
 
 // Pause stops the server process (SIGSTOP) until Resume: connections stay
