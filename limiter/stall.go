@@ -31,9 +31,11 @@ const stallSlack = 500 * time.Microsecond
 type stallClock struct {
 	base time.Time
 
+	// mu orders the writers; readers load the atomics without it (a
+	// reading between the two stores is off by one interval at most).
 	mu       sync.Mutex
-	stalled  int64 // nanoseconds of stall counted so far
-	frontier int64 // the end of the last interval counted
+	stalled  atomic.Int64 // nanoseconds of stall counted so far
+	frontier atomic.Int64 // the end of the last interval counted
 
 	lastTick atomic.Int64 // when the ticker last ran
 	probe    atomic.Int64 // when the byte in the pipe was written; 0: none
@@ -102,9 +104,9 @@ func (c *stallClock) count(from, to int64) {
 		return
 	}
 	c.mu.Lock()
-	if to > c.frontier {
-		c.stalled += to - max(from, c.frontier)
-		c.frontier = to
+	if f := c.frontier.Load(); to > f {
+		c.stalled.Add(to - max(from, f))
+		c.frontier.Store(to)
 	}
 	c.mu.Unlock()
 }
@@ -122,12 +124,10 @@ func (c *stallClock) now() (now, stalled int64) {
 	if sent := c.probe.Load(); sent != 0 {
 		from = min(from, sent+int64(stallSlack))
 	}
-	c.mu.Lock()
-	stalled = c.stalled
-	if now > from && now > c.frontier {
-		stalled += now - max(from, c.frontier)
+	stalled = c.stalled.Load()
+	if f := c.frontier.Load(); now > from && now > f {
+		stalled += now - max(from, f)
 	}
-	c.mu.Unlock()
 	return now, stalled
 }
 
