@@ -40,6 +40,27 @@ func TestStallClockSince(t *testing.T) {
 	}
 }
 
+// starve plays a node that never runs, as a saturated CPU makes it seem:
+// until the returned function is called, the store's stall clock counts all
+// the time that passes as stall.
+func starve(rs *RedisStore) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				rs.stall.add(time.Second)
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
 // TestRedisStarvedNodeWaitsForReply pauses Redis for three timeouts while
 // the node counts itself starved (stall added to its clock as a saturated
 // CPU would): the decisions wait for Redis' replies instead of failing,
@@ -53,21 +74,7 @@ func TestRedisStarvedNodeWaitsForReply(t *testing.T) {
 	r := mustRule(t, "starved", 1000, time.Second, 0)
 	decideOne(t, rs, r, "warm", 1)
 
-	stop := make(chan struct{})
-	var starving sync.WaitGroup
-	starving.Go(func() {
-		// The node "runs" a fifth of the time: 20ms of stall each 5ms.
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				rs.stall.add(20 * time.Millisecond)
-			}
-		}
-	})
+	stopStarving := starve(rs)
 	srv.Pause()
 	go func() {
 		time.Sleep(3 * timeout)
@@ -82,8 +89,7 @@ func TestRedisStarvedNodeWaitsForReply(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	starving.Wait()
+	stopStarving()
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("decision %d on a starved node failed: %v", i, err)
@@ -108,21 +114,7 @@ func TestRedisStarvedNodeHardCap(t *testing.T) {
 	decideOne(t, rs, r, "warm", 1)
 	srv.Pause()
 	defer srv.Resume()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		// From now on the node seems never to run.
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				rs.stall.add(time.Second)
-			}
-		}
-	}()
+	defer starve(rs)()
 	start := time.Now()
 	_, err := rs.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
 	took := time.Since(start)
