@@ -18,7 +18,7 @@ func TestCheckCredentials(t *testing.T) {
 	t.Parallel()
 	const secret, wrong = "correct-horse", "wrong-horse"
 	srv := redistest.Start(t, "--requirepass", secret)
-	// The README's ACL line for the limiter's user, and one without EVALSHA.
+	// The ACL line of docs/operations.md for the limiter's user, and one without EVALSHA.
 	srv.AddUser("fleetlimit", "pw1", strings.Fields("resetkeys ~rl:* resetchannels -@all +evalsha +eval +script|load +ping +hello +auth +time +mget +set +del +pexpire")...)
 	srv.AddUser("noeval", "pw2", "~rl:*", "-@all", "+ping", "+hello", "+auth", "+script|load")
 	ctx := context.Background()

@@ -139,7 +139,7 @@ func TestDashboardInChromium(t *testing.T) {
 
 	// Caddy's admin endpoint refuses browser requests that carry neither
 	// Origin nor Referer, as a typed URL does, unless the empty origin is
-	// allowed: the configuration the README gives for the dashboard.
+	// allowed: the configuration docs/observability.md gives for the dashboard.
 	a.allowAdminOrigins(a.Admin, "")
 
 	page, output := openPage(t, bin, "http://"+a.Admin+"/rate_limit/")

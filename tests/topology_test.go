@@ -202,7 +202,7 @@ func TestSentinelFailover(t *testing.T) {
 
 // TestRedisTLSAndACL limits through a TLS server that requires a client
 // certificate, as a Redis user that may run only what the module needs
-// (the ACL line of the README), with every algorithm.
+// (the ACL line of docs/operations.md), with every algorithm.
 func TestRedisTLSAndACL(t *testing.T) {
 	t.Parallel()
 	files := redistest.GenerateTLS(t)
