@@ -88,18 +88,21 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		o.Timeout = 25 * time.Millisecond
 	}
 	if c.TLS != nil {
-		cfg, err := c.TLS.config()
+		cfg, files, err := c.TLS.config()
 		if err != nil {
 			return o, fmt.Errorf("rate_limit: redis: tls: %w", err)
 		}
 		o.TLS = cfg
-		o.tlsID = []any{c.TLS.CA, c.TLS.Cert, c.TLS.Key, c.TLS.ServerName, c.TLS.InsecureSkipVerify}
+		o.tlsID = []any{c.TLS.CA, c.TLS.Cert, c.TLS.Key, c.TLS.ServerName, c.TLS.InsecureSkipVerify, files}
 	}
 	return o, nil
 }
 
-// config builds the TLS configuration, reading the files.
-func (t *RedisTLS) config() (*tls.Config, error) {
+// config builds the TLS configuration, reading the files, and returns a
+// digest of their contents: the pool key changes when a certificate is
+// rotated in place, so that a reload connects with the new one.
+func (t *RedisTLS) config() (*tls.Config, string, error) {
+	h := sha256.New()
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,
@@ -108,25 +111,36 @@ func (t *RedisTLS) config() (*tls.Config, error) {
 	if t.CA != "" {
 		pem, err := os.ReadFile(t.CA)
 		if err != nil {
-			return nil, fmt.Errorf("reading ca: %w", err)
+			return nil, "", fmt.Errorf("reading ca: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no certificate found in ca file %s", t.CA)
+			return nil, "", fmt.Errorf("no certificate found in ca file %s", t.CA)
 		}
 		cfg.RootCAs = pool
+		h.Write(pem)
 	}
 	if (t.Cert == "") != (t.Key == "") {
-		return nil, errors.New("a client certificate needs both cert and key")
+		return nil, "", errors.New("a client certificate needs both cert and key")
 	}
 	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		certPEM, err := os.ReadFile(t.Cert)
 		if err != nil {
-			return nil, fmt.Errorf("loading client certificate: %w", err)
+			return nil, "", fmt.Errorf("reading cert: %w", err)
+		}
+		keyPEM, err := os.ReadFile(t.Key)
+		if err != nil {
+			return nil, "", fmt.Errorf("reading key: %w", err)
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, "", fmt.Errorf("loading client certificate: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{pair}
+		h.Write(certPEM)
+		h.Write(keyPEM)
 	}
-	return cfg, nil
+	return cfg, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // poolKey identifies a connection configuration without revealing its

@@ -1,0 +1,48 @@
+package fleetlimit
+
+import (
+	"os"
+	"testing"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// TestRedisPoolKeyFollowsTLSFiles: certificates rotated in place (same
+// paths, new contents) give a new pool key, so that a reload connects with
+// them instead of reusing the client built from the old ones; the same
+// files give the same key.
+func TestRedisPoolKeyFollowsTLSFiles(t *testing.T) {
+	t.Parallel()
+	files := redistest.GenerateTLS(t)
+	cfg := &RedisConfig{Address: "127.0.0.1:6379", TLS: &RedisTLS{
+		CA: files.CAFile, Cert: files.ClientCertFile, Key: files.ClientKeyFile, ServerName: files.ServerName,
+	}}
+	key := func() string {
+		t.Helper()
+		o, err := cfg.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.poolKey()
+	}
+	before := key()
+	if again := key(); again != before {
+		t.Fatal("the same files gave another pool key")
+	}
+	// Rotate: new certificates written over the old paths.
+	rotated := redistest.GenerateTLS(t)
+	for from, to := range map[string]string{
+		rotated.CAFile: files.CAFile, rotated.ClientCertFile: files.ClientCertFile, rotated.ClientKeyFile: files.ClientKeyFile,
+	} {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := key(); after == before {
+		t.Fatal("certificates rotated in place kept the pool key: a reload would keep the old client")
+	}
+}
