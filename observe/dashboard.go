@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -32,8 +33,14 @@ func init() {
 //	}
 //
 // It answers the path's last segment: the page for a path ending in "/",
-// "stats", "dashboard.js" and "dashboard.css"; any other path is redirected
-// to itself with a trailing "/", so the page's relative links resolve.
+// "stats", "dashboard.js" and "dashboard.css"; a GET or HEAD of any other
+// path is redirected to itself with a trailing "/" (so that the page's
+// relative links resolve), keeping the query. The redirect is relative to
+// the path ("./<segment>/"): it cannot leave the site, whatever the path
+// (`//evil.com` is sent to `./evil.com/`, on this site).
+//
+// It has no configuration: the JSON form is
+// `{"handler": "rate_limit_dashboard"}`.
 type DashboardHandler struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -48,14 +55,31 @@ func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
 func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	p := r.URL.Path
 	name := p[strings.LastIndexByte(p, '/')+1:]
-	if _, ok := dashboardFiles[name]; !ok && name != "stats" {
-		http.Redirect(w, r, p+"/", http.StatusPermanentRedirect)
+	if _, ok := dashboardFiles[name]; !ok && name != "stats" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		w.Header().Set("Location", slashRedirect(r.URL))
+		w.WriteHeader(http.StatusPermanentRedirect)
 		return nil
 	}
 	if status, err := serveDashboard(w, r, name); err != nil {
 		return caddyhttp.Error(status, err)
 	}
 	return nil
+}
+
+// slashRedirect returns where a path without its trailing "/" goes: the
+// same path with it, and the same query. It is a relative reference to the
+// path's last segment, as sent ("./<segment>/"), never an absolute path:
+// http.Redirect would send the path "//evil.com" to "//evil.com/", a
+// network-path reference to another host. The "./" keeps a segment with a
+// colon ("javascript:x") from reading as a scheme; the escaped path holds
+// no "?", "#" or "\" (a "/" to browsers) of its own.
+func slashRedirect(u *url.URL) string {
+	p := u.EscapedPath()
+	loc := "./" + p[strings.LastIndexByte(p, '/')+1:] + "/"
+	if u.RawQuery != "" {
+		loc += "?" + u.RawQuery
+	}
+	return loc
 }
 
 // UnmarshalCaddyfile sets up the handler from `rate_limit_dashboard`, which

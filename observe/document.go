@@ -16,9 +16,12 @@ type statsBody struct {
 	Node string `json:"node"`
 	// Time is when the statistics were taken; Second is its unix second,
 	// the one the rates' windows end before (they cover whole seconds).
-	Time   time.Time    `json:"time"`
-	Second int64        `json:"second"`
-	Zones  []statsZone  `json:"zones"`
+	Time   time.Time `json:"time"`
+	Second int64     `json:"second"`
+	// Zones are the zones of the configuration, one entry per zone name
+	// and store, sorted by name then store.
+	Zones []statsZone `json:"zones"`
+	// Stores are the stores the zones use, sorted by name.
 	Stores []statsStore `json:"stores"`
 }
 
@@ -67,14 +70,24 @@ type statsSeries struct {
 	Denied  []uint64 `json:"denied"`
 }
 
+// statsZone is one zone on one store. Zones of the same name on different
+// stores (one site on the memory store, another on Redis) have buckets of
+// their own, and are distinct entries: Name and Store tell them apart.
+// The configuration shown (Algorithm to OnError) is that of the newest
+// handler still holding the zone, so a reload that failed to load does not
+// show.
 type statsZone struct {
-	Name      string `json:"name"`
+	// Name is the zone's name.
+	Name string `json:"name"`
+	// Algorithm, Rate per Per, Burst and OnError are the zone's rule.
 	Algorithm string `json:"algorithm"`
 	Rate      int64  `json:"rate"`
 	Per       string `json:"per"`
 	Burst     int64  `json:"burst"`
 	OnError   string `json:"on_error"`
-	Store     string `json:"store"`
+	// Store is the name of the store the zone's buckets are in (as in
+	// Stores).
+	Store string `json:"store"`
 	// Totals count since the zone entered the configuration (they
 	// survive reloads).
 	Totals        outcomeCounts[uint64] `json:"totals"`
@@ -100,6 +113,8 @@ type statsTop struct {
 	Keys   []statsTopKey `json:"keys"`
 }
 
+// statsTopKey is one of the keys denied most: the key (or its digest), how
+// many times it was denied, and by how many that count may be over.
 type statsTopKey struct {
 	Key    string `json:"key"`
 	Denied uint64 `json:"denied"`
@@ -119,8 +134,12 @@ type statsFleet struct {
 	Error         string                `json:"error,omitempty"`
 }
 
+// statsStore is one store's health.
 type statsStore struct {
+	// Name names the store as the metrics' store label does: the servers
+	// it talks to, or "memory".
 	Name string `json:"name"`
+	// Kind is memory or redis.
 	Kind string `json:"kind"`
 	// Status is ok, degraded (errors in the last 10 s) or down (the
 	// circuit breaker is open).
@@ -165,6 +184,7 @@ type statsLatency struct {
 	Max   float64 `json:"max"`
 }
 
+// statsError is an error message and when it happened.
 type statsError struct {
 	Message string    `json:"message"`
 	Time    time.Time `json:"time"`
@@ -187,7 +207,19 @@ func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
 		zones = append(zones, v.(*zoneStats))
 		return true
 	})
-	sort.Slice(zones, func(i, j int) bool { return zones[i].name < zones[j].name })
+	// By name, then store: zones of one name on several stores are
+	// distinct entries (the store's pool key keeps their order steady when
+	// their store names are alike too).
+	sort.Slice(zones, func(i, j int) bool {
+		a, b := zones[i], zones[j]
+		if a.name != b.name {
+			return a.name < b.name
+		}
+		if a.store.name != b.store.name {
+			return a.store.name < b.store.name
+		}
+		return a.store.key < b.store.key
+	})
 	var stores []*storeStats
 	storeRegistry.Range(func(_, v any) bool {
 		stores = append(stores, v.(*storeStats))
@@ -215,7 +247,7 @@ func readFleets(ctx context.Context, stores []*storeStats, zones []*zoneStats, s
 		}
 		var names []string
 		for _, z := range zones {
-			if z.store.Load() == s {
+			if z.store == s {
 				names = append(names, z.name)
 			}
 		}
@@ -247,10 +279,8 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	if info != nil {
 		zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
 	}
-	store := z.store.Load()
-	if store != nil {
-		zj.Store = store.name
-	}
+	store := z.store
+	zj.Store = store.name
 	items, since := z.top.top(sec, topReport)
 	hashed := info == nil || !info.logKey
 	zj.TopDenied = statsTop{Since: since, Hashed: hashed, Keys: make([]statsTopKey, 0, len(items))}

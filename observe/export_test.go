@@ -17,8 +17,19 @@ type (
 	StatsZone = statsZone
 )
 
-// ZoneRegistry holds the zones' stats, by zone name.
-var ZoneRegistry = zoneRegistry
+// ZoneReferences counts the references to the stats of a zone name, on
+// every store.
+func ZoneReferences(name string) int {
+	var n int
+	zoneRegistry.Range(func(k, _ any) bool {
+		if key := k.(zoneKey); key.name == name {
+			refs, _ := zoneRegistry.References(key)
+			n += refs
+		}
+		return true
+	})
+	return n
+}
 
 // SeriesSeconds is how many seconds of per-second counts a zone keeps.
 const SeriesSeconds = seriesSeconds

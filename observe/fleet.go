@@ -119,7 +119,7 @@ func (f *fleetReporter) report() {
 	)
 	f.mu.Lock()
 	for z, last := range f.reported {
-		if z.dead.Load() || z.store.Load() != f.s {
+		if z.dead.Load() {
 			delete(f.reported, z)
 			continue
 		}

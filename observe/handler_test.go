@@ -28,7 +28,7 @@ var (
 	collectStats = observe.CollectStats
 	gather       = observe.Gather
 	adminGet     = observe.AdminGet
-	zoneRegistry = observe.ZoneRegistry
+	zoneRefs     = observe.ZoneReferences
 )
 
 type (
@@ -189,6 +189,9 @@ func TestMetricsSurviveReload(t *testing.T) {
 	serve(t, h1, "k")
 	serve(t, h1, "k")
 	h2, ctx2, stop2 := obsHandler(t, zoneConfig(zone, ""))
+	if n := zoneRefs(zone); n != 2 {
+		t.Errorf("zone registry holds %d references of the two handlers", n)
+	}
 	stop1()
 	serve(t, h2, "k")
 	serve(t, h2, "k")
@@ -210,7 +213,7 @@ func TestMetricsSurviveReload(t *testing.T) {
 	if _, ok := gather(t, reg, "caddy_rate_limit_decisions_total", "zone", zone); ok {
 		t.Error("the zone's series outlived its last handler")
 	}
-	if n, _ := zoneRegistry.References(zone); n != 0 {
+	if n := zoneRefs(zone); n != 0 {
 		t.Errorf("zone registry holds %d references", n)
 	}
 }

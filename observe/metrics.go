@@ -16,6 +16,10 @@ import (
 // names, which come from the configuration: a client key is never a label,
 // so the number of series does not follow the clients.
 //
+// A zone's series are labelled by its name only: zones of the same name on
+// different stores (which the statistics tell apart, see zoneKey) count
+// into the same series, summed.
+//
 //	caddy_rate_limit_decisions_total{zone,outcome}         counter
 //	caddy_rate_limit_deny_cache_hits_total{zone}           counter
 //	caddy_rate_limit_store_duration_seconds{store}         histogram
@@ -233,13 +237,32 @@ type evictionsCollector struct {
 // Describe sends the counter's description (prometheus.Collector).
 func (c *evictionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
-// Collect sends each zone's evictions (prometheus.Collector).
+// Collect sends each zone's evictions (prometheus.Collector), summed by
+// zone name: zones of one name on several stores are one series (each
+// memory bucket counted once, though several zones fall back to it).
 func (c *evictionsCollector) Collect(ch chan<- prometheus.Metric) {
+	type bucket struct {
+		memory *limiter.MemoryStore
+		name   string
+	}
+	buckets := map[string]map[bucket]bool{}
 	zoneRegistry.Range(func(_, v any) bool {
 		z := v.(*zoneStats)
 		if info := z.info.Load(); info != nil && info.memory != nil && !z.dead.Load() {
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(info.evictions()), z.name)
+			if buckets[z.name] == nil {
+				buckets[z.name] = map[bucket]bool{}
+			}
+			for _, b := range info.buckets {
+				buckets[z.name][bucket{info.memory, b}] = true
+			}
 		}
 		return true
 	})
+	for name, bs := range buckets {
+		var n uint64
+		for b := range bs {
+			n += b.memory.Evictions(b.name)
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), name)
+	}
 }

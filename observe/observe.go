@@ -60,7 +60,14 @@ type Handler struct {
 	observer *limiterObserver // nil unless the store is Redis and metrics are on
 	store    *storeStats      // nil with metrics disabled
 	storeKey string           // the storeRegistry reference held
-	zoneKeys []string         // the zoneRegistry references held
+	held     []heldZone       // the zoneRegistry references held
+}
+
+// heldZone is a zoneRegistry reference a Handler holds, with the handler's
+// own description of the zone in its stats.
+type heldZone struct {
+	stats *zoneStats
+	info  *zoneInfo
 }
 
 // Zone is one zone's share of a Handler.
@@ -114,11 +121,10 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 	h.store, h.storeKey = ss, cfg.StoreKey
 	observer := &limiterObserver{store: ss}
 	for _, z := range h.zones {
-		zs, err := loadZoneStats(z.name)
+		zs, err := loadZoneStats(z.name, ss)
 		if err != nil {
 			return err
 		}
-		h.zoneKeys = append(h.zoneKeys, z.name)
 		info := &zoneInfo{
 			alg:     z.rule.Algorithm.String(),
 			rate:    z.rule.Rate,
@@ -132,11 +138,11 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 		if z.rule.Local != nil {
 			info.buckets = append(info.buckets, z.rule.Local.Bucket)
 		}
-		zs.info.Store(info)
-		zs.store.Store(ss)
-		if ss.fleet != nil {
-			ss.fleet.link(zs)
-		}
+		// The stats describe the zone as this handler configured it
+		// while it is the newest handler holding them; Cleanup takes
+		// the description back (see zoneStats).
+		zs.hold(info)
+		h.held = append(h.held, heldZone{stats: zs, info: info})
 		z.stats = zs
 		observer.rules = append(observer.rules, z.rule)
 		observer.zones = append(observer.zones, zs)
@@ -173,13 +179,18 @@ func (h *Handler) Observer() limiter.Observer {
 	return h.observer
 }
 
-// Cleanup releases the stats references; the last handler with a zone
-// drops its statistics and metric series, and the last with a store stops
-// its fleet reporter. Call it before the store itself is released.
+// Cleanup releases the stats references and the handler's description of
+// its zones there (the stats describe a zone as the newest handler still
+// holding them configured it); the last handler with a zone drops its
+// statistics and metric series, and the last with a store stops its fleet
+// reporter. Call it before the store itself is released. Caddy calls it on
+// the handlers of a configuration that failed to load as well, which gives
+// the stats back to the configuration still running.
 func (h *Handler) Cleanup() error {
 	var err error
-	for _, name := range h.zoneKeys {
-		if _, e := zoneRegistry.Delete(name); e != nil {
+	for _, hz := range h.held {
+		hz.stats.release(hz.info)
+		if _, e := zoneRegistry.Delete(zoneKey{hz.stats.name, hz.stats.store.key}); e != nil {
 			err = e
 		}
 	}
@@ -188,7 +199,7 @@ func (h *Handler) Cleanup() error {
 			err = e
 		}
 	}
-	h.zoneKeys, h.storeKey = nil, ""
+	h.held, h.storeKey = nil, ""
 	return err
 }
 

@@ -3,6 +3,7 @@ package observe
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,20 +20,31 @@ import (
 // Why process-wide registries: the admin API module is provisioned by
 // Caddy's admin server, separately from the http app and before it, so it
 // cannot reach the handlers of a configuration. Handlers therefore register
-// their stats here, by zone name and by store, in caddy.UsagePools: each
+// their stats here, by zone and by store, in caddy.UsagePools: each
 // Provision takes a reference (LoadOrNew) and the handler's Cleanup drops it
 // (Delete). A new configuration provisions before the old one is cleaned
 // up, so a zone that stays in the configuration keeps its counts (and its
 // charts) across reloads, and one that leaves it is dropped with the last
 // handler that had it: nothing leaks from one config load to the next.
-// Handlers with zones of the same name share their buckets in the store, and
-// share their stats too.
+//
+// A zone's stats are keyed by its name and its store (zoneKey): handlers
+// with a zone of that name on the same store share its buckets, and share
+// its stats too, while a zone of the same name on another store (a site on
+// the memory store, another on Redis, or two Redis servers) has buckets,
+// and stats, of its own.
 var (
-	zoneRegistry  = caddy.NewUsagePool() // zone name -> *zoneStats
+	zoneRegistry  = caddy.NewUsagePool() // zoneKey -> *zoneStats
 	storeRegistry = caddy.NewUsagePool() // store pool key -> *storeStats
 )
 
-// zoneInfo describes a zone as the handler provisioned last configured it.
+// zoneKey identifies a zone's stats: its name and its store's pool key.
+type zoneKey struct {
+	name  string
+	store string
+}
+
+// zoneInfo describes a zone as one handler configured it. Each handler
+// holding the zone's stats has its own (see zoneStats.hold).
 type zoneInfo struct {
 	alg     string
 	rate    int64
@@ -60,31 +72,74 @@ func (i *zoneInfo) evictions() uint64 {
 }
 
 // zoneStats are one zone's statistics, shared by every handler with a zone
-// of that name and kept across reloads (see zoneRegistry).
+// of that name on that store and kept across reloads (see zoneRegistry).
+//
+// What the stats say of the zone's configuration (info) is that of the
+// newest handler still holding them, not merely the last provisioned: a
+// configuration whose load fails after this handler's Provision is cleaned
+// up without ever running, and its Cleanup takes its description away, so
+// the stats describe the configuration that runs again. Deferring the
+// description to the first request served would leave a reload that no
+// request follows undescribed, and a successful load is always the newest
+// holder once the previous configuration's Cleanup has run.
 type zoneStats struct {
 	name   string
-	info   atomic.Pointer[zoneInfo]
-	store  atomic.Pointer[storeStats] // where the zone's buckets are
+	store  *storeStats // where the zone's buckets are (part of its key)
 	totals [limiter.NumOutcomes]atomic.Uint64
 	hits   atomic.Uint64 // deny cache hits
 	ring   counterRing
 	top    *topKeys
 	series zoneSeries
 	dead   atomic.Bool
+
+	mu      sync.Mutex
+	holders []*zoneInfo              // one per handler holding the stats, oldest first
+	info    atomic.Pointer[zoneInfo] // the newest holder's; nil when none
 }
 
-// loadZoneStats takes a reference to a zone's stats; release it with
-// zoneRegistry.Delete(name).
-func loadZoneStats(name string) (*zoneStats, error) {
-	v, _, err := zoneRegistry.LoadOrNew(name, func() (caddy.Destructor, error) {
-		z := &zoneStats{name: name, top: newTopKeys()}
+// loadZoneStats takes a reference to the stats of a zone on a store (whose
+// stats the caller holds a reference to); release it with
+// zoneRegistry.Delete(zoneKey{name, store.key}).
+func loadZoneStats(name string, store *storeStats) (*zoneStats, error) {
+	v, _, err := zoneRegistry.LoadOrNew(zoneKey{name, store.key}, func() (caddy.Destructor, error) {
+		z := &zoneStats{name: name, store: store, top: newTopKeys()}
 		z.series = claimZoneSeries(name)
+		if store.fleet != nil {
+			store.fleet.link(z)
+		}
 		return z, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return v.(*zoneStats), nil
+}
+
+// hold adds a handler's description of the zone, which the stats show
+// until a newer handler holds them or until release.
+func (z *zoneStats) hold(info *zoneInfo) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.holders = append(z.holders, info)
+	z.info.Store(info)
+}
+
+// release removes a handler's description: the stats show the newest
+// holder's left.
+func (z *zoneStats) release(info *zoneInfo) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	for i, h := range z.holders {
+		if h == info {
+			z.holders = append(z.holders[:i], z.holders[i+1:]...)
+			break
+		}
+	}
+	var newest *zoneInfo
+	if n := len(z.holders); n > 0 {
+		newest = z.holders[n-1]
+	}
+	z.info.Store(newest)
 }
 
 // Destruct drops the zone's metric series: the zone has left the

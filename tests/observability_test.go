@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +97,7 @@ type stats struct {
 	Node  string `json:"node"`
 	Zones []struct {
 		Name          string                        `json:"name"`
+		Rate          int64                         `json:"rate"`
 		Store         string                        `json:"store"`
 		Totals        map[string]uint64             `json:"totals"`
 		DenyCacheHits uint64                        `json:"deny_cache_hits"`
@@ -462,15 +464,7 @@ func TestDashboardHandlerOnASite(t *testing.T) {
 	n.get("/api/x")
 	// Without the trailing slash the page's relative links would not
 	// resolve: redirected.
-	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := noFollow.Get(n.URL + "/rate-limits/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != "/rate-limits/x/" {
-		t.Errorf("redirect: %d %q", resp.StatusCode, resp.Header.Get("Location"))
-	}
+	wantRedirect(t, n, "/rate-limits/x?series=10", "/rate-limits/x/?series=10")
 	page := n.get("/rate-limits/", "Sec-Fetch-Mode: navigate")
 	if page.Status != 200 || !strings.Contains(page.Body, `<script src="dashboard.js"`) || page.Header.Get("Content-Security-Policy") == "" {
 		t.Errorf("page: %d %.200q", page.Status, page.Body)
@@ -488,5 +482,81 @@ func TestDashboardHandlerOnASite(t *testing.T) {
 	}
 	if r := n.do(http.MethodPost, "/rate-limits/stats"); r.Status != http.StatusMethodNotAllowed {
 		t.Errorf("POST: %d", r.Status)
+	}
+
+	// Mounted at the site's root, a path that starts with "//" is
+	// redirected on this site, not to the host it names.
+	n.reload("", `rate_limit_dashboard`)
+	wantRedirect(t, n, "//evil.example", "//evil.example/")
+	wantRedirect(t, n, "//evil.example?a=b", "//evil.example/?a=b")
+	wantRedirect(t, n, "/%5Cevil.example", "/%5Cevil.example/")
+}
+
+// wantRedirect checks that the node redirects path to want (path and
+// query), on the same site.
+func wantRedirect(t *testing.T, n *node, path, want string) {
+	t.Helper()
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, err := http.NewRequest(http.MethodGet, n.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := noFollow.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	loc := resp.Header.Get("Location")
+	ref, err := url.Parse(loc)
+	if resp.StatusCode != http.StatusPermanentRedirect || err != nil {
+		t.Fatalf("%s: %d, Location %q (%v)", path, resp.StatusCode, loc, err)
+	}
+	if strings.HasPrefix(loc, "//") || strings.ContainsRune(loc, '\\') {
+		t.Errorf("%s: Location %q", path, loc)
+	}
+	got := req.URL.ResolveReference(ref)
+	if got.Host != req.URL.Host || got.RequestURI() != want {
+		t.Errorf("%s: Location %q goes to %s, want %s on this site", path, loc, got, want)
+	}
+}
+
+// TestObservabilityAfterFailedReload: a configuration that fails to load
+// after its rate_limit handler provisioned (a later handler's Provision
+// fails) never runs; Caddy keeps the old one, and the stats describe the
+// old one, not the failed one.
+func TestObservabilityAfterFailedReload(t *testing.T) {
+	t.Parallel()
+	n := startCaddy(t, "", `
+	rate_limit {
+		zone obs_failed_reload {
+			rate 10 1h
+		}
+	}
+	respond "a"`)
+	n.get("/")
+	// The header handler compiles its regular expression at Provision,
+	// after the rate_limit handler before it in the route provisioned.
+	if err := n.Reload("", `
+	route {
+		rate_limit {
+			zone obs_failed_reload {
+				rate 20 1h
+			}
+		}
+		header X-Bad "re(" "x"
+		respond "b"
+	}`); err == nil {
+		t.Fatal("a configuration with an invalid regular expression loaded")
+	}
+	if r := n.get("/"); r.Status != 200 || r.Body != "a" {
+		t.Fatalf("after the failed reload: %d %q, want the old configuration", r.Status, r.Body)
+	}
+	s := n.stats("?series=0")
+	i := zoneIndex(s, "obs_failed_reload")
+	if i < 0 {
+		t.Fatalf("no obs_failed_reload in the stats: %+v", s)
+	}
+	if z := s.Zones[i]; z.Rate != 10 || z.Store != "memory" || z.Totals["allowed"] != 2 {
+		t.Errorf("stats after the failed reload: rate %d store %q totals %v, want the running configuration's rate 10", z.Rate, z.Store, z.Totals)
 	}
 }

@@ -105,8 +105,8 @@ function ratesLine(rates) {
 
 // ZoneCard is one zone's card, kept across updates.
 class ZoneCard {
-  constructor(name) {
-    this.root = el("section", { class: "zone", "data-zone": name });
+  constructor(name, store) {
+    this.root = el("section", { class: "zone", "data-zone": name, "data-store": store });
     this.title = el("h2");
     this.rule = el("div", { class: "rule" });
     this.localRates = el("div");
@@ -129,8 +129,10 @@ class ZoneCard {
         el("div", { class: "panel top" }, this.topTitle, table)));
   }
 
-  update(z) {
-    this.title.textContent = z.name;
+  // update shows z; shared says another zone of its name is shown (on
+  // another store), so the title names the store too.
+  update(z, shared) {
+    this.title.textContent = shared ? `${z.name} · ${z.store}` : z.name;
     const rule = z.rate ? `${z.rate} per ${z.per}` + (z.burst && z.algorithm === "token_bucket" ? `, burst ${z.burst}` : "") : "";
     this.rule.textContent = [rule, z.algorithm, "on_error " + (z.on_error || "local"), "store " + z.store,
       `deny cache hits ${z.deny_cache_hits}`, `evictions ${z.evictions || 0}`].filter(Boolean).join(" · ");
@@ -211,25 +213,31 @@ function storeCard(s) {
 
 const cards = new Map();
 
+// render shows the stats. A zone is one card per store: zones of one name
+// on several stores are distinct entries, titled with their store's name.
 function render(stats) {
   document.getElementById("node").textContent = "node " + stats.node;
   document.getElementById("stores").replaceChildren(...stats.stores.map(storeCard));
   const main = document.getElementById("zones");
+  const named = new Map();
+  for (const z of stats.zones) named.set(z.name, (named.get(z.name) || 0) + 1);
   const seen = new Set();
   for (const z of stats.zones) {
-    let card = cards.get(z.name);
+    let id = z.name + "\u0000" + z.store;
+    for (let n = 2; seen.has(id); n++) id = z.name + "\u0000" + z.store + "\u0000" + n;
+    let card = cards.get(id);
     if (!card) {
-      card = new ZoneCard(z.name);
-      cards.set(z.name, card);
+      card = new ZoneCard(z.name, z.store);
+      cards.set(id, card);
     }
-    card.update(z);
+    card.update(z, named.get(z.name) > 1);
     main.append(card.root); // keeps the order of the stats
-    seen.add(z.name);
+    seen.add(id);
   }
-  for (const [name, card] of cards) {
-    if (!seen.has(name)) {
+  for (const [id, card] of cards) {
+    if (!seen.has(id)) {
       card.root.remove();
-      cards.delete(name);
+      cards.delete(id);
     }
   }
   document.getElementById("empty").hidden = stats.zones.length > 0;
