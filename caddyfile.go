@@ -70,8 +70,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    headers ietf|legacy|both|none
 //	    log_key
+//	    log_denials info|debug|off
 //	    disable_metrics
+//	    max_keys <n>
+//	    jitter <share|percent|percent%>   # 0.2, 20 and 20% all mean up to 20%
+//	    sweep_interval <duration>
+//	    distributed { ... }               # caddy-ratelimit's; ignored
+//	    storage <module> { ... }          # caddy-ratelimit's; ignored
 //	}
+//
+// A zone in caddy-ratelimit's form (window and events) without a key is
+// one bucket shared by all its requests, as it was in that plugin; a zone
+// in fleetlimit's form (rate) without a key has a bucket per client IP.
 //
 // Every mistake is reported with the file and line of the offending token.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -122,6 +132,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.DisableMetrics = true
+		case "log_denials":
+			var level string
+			if !d.AllArgs(&level) {
+				return d.ArgErr()
+			}
+			if _, err := parseDenialLevel(level); err != nil {
+				return d.Errf("unknown log_denials %q (want info, debug or off)", level)
+			}
+			h.LogDenials = level
 		case "max_keys":
 			var arg string
 			if !d.AllArgs(&arg) {
@@ -154,9 +173,9 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 		if !d.AllArgs(&arg) {
 			return d.ArgErr()
 		}
-		j, err := strconv.ParseFloat(arg, 64)
-		if err != nil || j < 0 || j > 100 {
-			return d.Errf("jitter must be a share (0 to 1) or a percentage (up to 100), got %q", arg)
+		j, err := parseJitter(arg)
+		if err != nil {
+			return d.Err(err.Error())
 		}
 		h.Jitter = j
 	case "sweep_interval":
@@ -208,7 +227,7 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 		}
 		h.Storage, _ = json.Marshal(map[string]string{"module": name})
 	default:
-		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
+		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, log_denials, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
 	}
 	return nil
 }

@@ -258,6 +258,56 @@ var badCaddyfiles = []struct {
 	}
 }`, 5, "wrong argument count"},
 
+	// Denial logs and jitter.
+	{"unknown log_denials", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		log_denials warn
+	}
+}`, 6, `unknown log_denials "warn" (want info, debug or off)`},
+	{"log_denials without argument", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		log_denials
+	}
+}`, 6, "wrong argument count"},
+	{"jitter between a share and a percentage", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		jitter 1.01
+	}
+}`, 6, "jitter 1.01 is neither a share (0 to 1) nor a whole percentage (2 to 100)"},
+	{"jitter fractional percentage without %", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		jitter 12.5
+	}
+}`, 6, "write a share (0.015) or, in the Caddyfile, a percentage (1.5%)"},
+	{"jitter above 100%", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		jitter 150%
+	}
+}`, 6, `jitter percentage must be 0% to 100%, got "150%"`},
+	{"jitter not a number", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		jitter some
+	}
+}`, 6, `got "some"`},
+
 	// Memory bound.
 	{"max_keys zero", `:80 {
 	rate_limit {
@@ -839,6 +889,25 @@ func TestBadJSONProvision(t *testing.T) {
 			`zone "a": burst must be a positive integer`},
 		{"empty key", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":[""]}]}`,
 			`zone "a": key expressions must not be empty`},
+		{"rate_limits and zones", `{"rate_limits":{"b":{"window":"1s","max_events":1}},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			`both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set`},
+		{"rate_limits zone name with a space", `{"rate_limits":{"my zone":{"window":"1s","max_events":1}}}`,
+			`rate_limits "my zone": a zone name must be 1 to 64 letters`},
+		{"rate_limits max_events zero", `{"rate_limits":{"a":{"window":"1s","max_events":0}}}`,
+			`rate_limits "a": max_events must be at least 1`},
+		{"rate_limits without window", `{"rate_limits":{"a":{"max_events":5}}}`,
+			`rate_limits "a": window must be a positive duration`},
+		{"rate_limits null zone", `{"rate_limits":{"a":null}}`, `rate_limits "a": the zone is empty`},
+		{"rate_limits key with a stray brace", `{"rate_limits":{"a":{"key":"{http.request.header.X","window":"1s","max_events":1}}}`,
+			`zone "a": key "{http.request.header.X": '{' without '}'`},
+		{"rate_limits window below a millisecond", `{"rate_limits":{"a":{"window":1000,"max_events":1}}}`,
+			`zone "a": a window must be a whole number of milliseconds`},
+		{"jitter between a share and a percentage", `{"jitter":1.5,"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"jitter 1.5 is neither a share (0 to 1) nor a whole percentage (2 to 100)"},
+		{"jitter above 100", `{"jitter":101,"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"jitter 101 is neither a share"},
+		{"unknown log_denials", `{"log_denials":"warn","zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			`unknown log_denials "warn" (want info, debug or off)`},
 		{"redis without address", `{"redis":{"password":"` + secret + `"},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
 			"redis: address is required"},
 		{"redis negative db", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","db":-1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,

@@ -1,24 +1,36 @@
 package fleetlimit
 
-// What is here only for mholt/caddy-ratelimit's sake: its options that
-// fleetlimit accepts so that that plugin's Caddyfiles load unchanged (the
-// Caddyfile forms are in caddyfile.go, the window and events form of a
-// limit in algorithm.go).
+// What is here only for mholt/caddy-ratelimit's sake: its options and its
+// JSON form of the zones, which fleetlimit accepts so that that plugin's
+// configurations load unchanged (the Caddyfile forms are in caddyfile.go,
+// the window and events form of a limit in algorithm.go).
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// provisionCompat checks caddy-ratelimit's options and warns about those
-// that fleetlimit accepts only so that that plugin's configurations load.
+// provisionCompat checks caddy-ratelimit's options, turns its rate_limits
+// into zones, and warns about what that plugin's users would otherwise
+// miss: options accepted only so that its configurations load, and the
+// ones whose meaning changed.
 func (h *Handler) provisionCompat() error {
-	if h.Jitter < 0 || h.Jitter > 100 {
-		return errors.New("rate_limit: jitter must be between 0 and 100 (percent) or 0 and 1 (a share)")
+	share, err := jitterShare(h.Jitter)
+	if err != nil {
+		return fmt.Errorf("rate_limit: %w", err)
 	}
+	h.jitterShare = share
 	if h.SweepInterval < 0 {
 		return errors.New("rate_limit: sweep_interval must not be negative")
+	}
+	if err := h.translateRateLimits(); err != nil {
+		return err
 	}
 	if h.Distributed != nil {
 		h.logger.Warn("rate_limit: the 'distributed' block of caddy-ratelimit is accepted and ignored: " +
@@ -28,17 +40,131 @@ func (h *Handler) provisionCompat() error {
 		h.logger.Warn("rate_limit: 'storage' (caddy-ratelimit's distributed state) is accepted and ignored: " +
 			"fleetlimit keeps shared buckets in Redis; configure the redis block instead")
 	}
+	if !h.legacyForm() {
+		return nil
+	}
+	if h.Jitter > 1 {
+		j := strconv.FormatFloat(h.Jitter, 'f', -1, 64)
+		h.logger.Warn("rate_limit: jitter " + j + " adds up to " + j + "% of the wait to Retry-After; " +
+			"caddy-ratelimit read it as up to " + j + " times the wait. fleetlimit adds at most the whole wait (jitter 1); " +
+			"write jitter " + strconv.FormatFloat(h.Jitter/100, 'f', -1, 64) + " to keep this reading and silence this warning")
+	}
+	if h.LogDenials == "" {
+		h.logger.Warn("rate_limit: denials are logged at debug level; caddy-ratelimit logged every one at info " +
+			"(\"rate limit exceeded\" with zone, wait and remote_ip). For log-based bans such as fail2ban, set log_denials info " +
+			"(at most one line per key and zone a second); set log_denials debug to keep this and silence this warning")
+	}
 	return nil
 }
 
-// jitter adds up to the handler's Jitter share of retry, at random.
-func (h *Handler) jitter(retry time.Duration) time.Duration {
-	share := h.Jitter
-	if share > 1 {
-		share /= 100
+// legacyForm reports whether the configuration is written in
+// caddy-ratelimit's form: its rate_limits, or a zone with window and events.
+func (h *Handler) legacyForm() bool {
+	if len(h.RateLimits) > 0 {
+		return true
 	}
-	if share <= 0 || retry <= 0 {
+	for _, z := range h.Zones {
+		if z != nil && z.legacyForm() {
+			return true
+		}
+	}
+	return false
+}
+
+// translateRateLimits turns caddy-ratelimit's rate_limits into zones, in
+// the order of their names.
+func (h *Handler) translateRateLimits() error {
+	if len(h.RateLimits) == 0 {
+		return nil
+	}
+	if len(h.Zones) > 0 {
+		return errors.New(`rate_limit: both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set; ` +
+			`give every zone in one of them`)
+	}
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	h.Zones = make([]*Zone, 0, len(names))
+	for _, name := range names {
+		z, err := h.RateLimits[name].zone(name)
+		if err != nil {
+			return fmt.Errorf("rate_limit: rate_limits %q: %w", name, err)
+		}
+		h.Zones = append(h.Zones, z)
+	}
+	return nil
+}
+
+// zone returns the fleetlimit zone of one of caddy-ratelimit's zones: at
+// most max_events in any window (a sliding log), with its matchers, key
+// and prefixes; no key is one bucket for all.
+func (rl *LegacyRateLimit) zone(name string) (*Zone, error) {
+	switch {
+	case rl == nil:
+		return nil, errors.New("the zone is empty")
+	case !zoneNameRE.MatchString(name):
+		return nil, errors.New("a zone name must be 1 to 64 letters, digits, '_', '-' or '.' (it names metrics, headers and Redis keys)")
+	case rl.Window <= 0:
+		return nil, errors.New("window must be a positive duration")
+	case rl.MaxEvents <= 0:
+		return nil, errors.New("max_events must be at least 1")
+	}
+	z := &Zone{
+		Name:           name,
+		Window:         rl.Window,
+		Events:         rl.MaxEvents,
+		IPv4Prefix:     rl.IPv4Prefix,
+		IPv6Prefix:     rl.IPv6Prefix,
+		MatcherSetsRaw: rl.MatcherSetsRaw,
+	}
+	if strings.TrimSpace(rl.Key) != "" {
+		z.Key = []string{rl.Key}
+	}
+	return z, nil
+}
+
+// jitterShare returns the share of the wait that a Jitter value adds at
+// most: a number from 0 to 1 is that share, a whole number from 2 to 100 a
+// percentage. Other numbers are refused, since between 1 and 2 (and for
+// fractions above 1) a share and a percentage cannot be told apart.
+func jitterShare(j float64) (float64, error) {
+	switch {
+	case j >= 0 && j <= 1:
+		return j, nil
+	case j >= 2 && j <= 100 && j == math.Trunc(j):
+		return j / 100, nil
+	}
+	return 0, fmt.Errorf("jitter %s is neither a share (0 to 1) nor a whole percentage (2 to 100); "+
+		"for a fractional percentage write a share (0.015) or, in the Caddyfile, a percentage (1.5%%)",
+		strconv.FormatFloat(j, 'f', -1, 64))
+}
+
+// parseJitter reads the Caddyfile's jitter: a number, read as Jitter is,
+// or a percentage such as `20%` or `1.5%`, returned as a share.
+func parseJitter(arg string) (float64, error) {
+	if p, ok := strings.CutSuffix(arg, "%"); ok {
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil || v < 0 || v > 100 || math.IsNaN(v) {
+			return 0, fmt.Errorf("jitter percentage must be 0%% to 100%%, got %q", arg)
+		}
+		return v / 100, nil
+	}
+	v, err := strconv.ParseFloat(arg, 64)
+	if err != nil || math.IsNaN(v) {
+		return 0, fmt.Errorf("jitter must be a share (0 to 1), a whole percentage (2 to 100) or a percentage such as 1.5%%, got %q", arg)
+	}
+	if _, err := jitterShare(v); err != nil {
+		return 0, err
+	}
+	return v, nil
+}
+
+// jitter adds up to the handler's jitter share of retry, at random.
+func (h *Handler) jitter(retry time.Duration) time.Duration {
+	if h.jitterShare <= 0 || retry <= 0 {
 		return retry
 	}
-	return retry + time.Duration(rand.Float64()*share*float64(retry))
+	return retry + time.Duration(rand.Float64()*h.jitterShare*float64(retry))
 }

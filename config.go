@@ -11,8 +11,10 @@ package fleetlimit
 
 import (
 	"encoding/json"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
@@ -54,11 +56,46 @@ type Handler struct {
 	// keys or user ids.
 	LogKey bool `json:"log_key,omitempty"`
 
-	// Jitter adds, at random, up to this share of the wait to
-	// Retry-After, so that denied clients do not all come back at once:
-	// 0.2 and 20 both mean up to 20% (caddy-ratelimit's option). Default:
-	// none.
+	// Jitter adds, at random, up to a share of the wait to Retry-After,
+	// so that denied clients do not all come back at once. A number from
+	// 0 to 1 is that share (0.2: up to 20%; 1: up to the whole wait); a
+	// whole number from 2 to 100 is a percentage (20: up to 20%), the
+	// reading fleetlimit has always had. Every other number is refused:
+	// between 1 and 2, and for fractions above 1, the two readings meet
+	// (1.01 would be 101% as a share and 1.01% as a percentage), so no
+	// accepted value sits on a cliff. The Caddyfile also takes an explicit
+	// percentage, `20%` or `1.5%`, and writes it here as a share.
+	// caddy-ratelimit read every number as a multiple of the wait (20 was
+	// up to 20 times the wait); a configuration in that plugin's form with
+	// jitter above 1 gets a warning at start saying what it means now.
+	// Default: none.
 	Jitter float64 `json:"jitter,omitempty"`
+
+	// LogDenials is how denied requests are logged: `debug` (every
+	// denial, at debug level), `info` (at info level, at most one line
+	// per key and zone per second, and at most 1024 lines a second in
+	// all, then one line counting those left out, so that a flood cannot
+	// flood the log) or `off`.
+	// A line is "rate limit exceeded" with the fields of caddy-ratelimit's
+	// line, which logged every denial at info (`zone`, `wait`,
+	// `remote_ip`, and `key` with log_key), so that fail2ban-style
+	// filters keep matching with `info`, and fleetlimit's own
+	// (`key_digest` unless log_key, `cost`, `retry_after`). Default:
+	// `debug`.
+	LogDenials string `json:"log_denials,omitempty"`
+
+	// RateLimits is mholt/caddy-ratelimit's JSON form of the zones, an
+	// object of zone name to limit, accepted unchanged so that that
+	// plugin's JSON configurations load. At provisioning each becomes a
+	// zone with that plugin's meaning (at most max_events in any window:
+	// the sliding_log algorithm; its matchers, key and prefixes), in the
+	// order of their names, sorted (that plugin ordered them by how
+	// strict they were; fleetlimit decides every zone of a request at
+	// once and names the first zone in that order that denied). Not with
+	// Zones: a configuration gives its zones one way or the other.
+	// Everything else of the handler (redis, headers, log_denials...)
+	// applies to them as to Zones.
+	RateLimits map[string]*LegacyRateLimit `json:"rate_limits,omitempty"`
 
 	// SweepInterval is how often the memory store drops idle buckets
 	// (caddy-ratelimit's option). The store is shared by the whole
@@ -90,14 +127,18 @@ type Handler struct {
 	// Placeholders, events and logs stay. Default: metrics on.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	obs      *observe.Handler // placeholders, events, metrics and stats
-	headers  headerMode
-	limiter  *limiter.Limiter
-	poolKey  string
-	localKey string // the memory store of local fallback buckets, if any
-	logger   *zap.Logger
-	anyMatch bool // some zone has matchers
-	policy   string
+	obs     *observe.Handler // placeholders, events, metrics and stats
+	denials denialLog        // how denials are logged (log_denials)
+	now     func() time.Time // the clock of the denial log's seconds
+	// jitterShare is Jitter read as a share of the wait.
+	jitterShare float64
+	headers     headerMode
+	limiter     *limiter.Limiter
+	poolKey     string
+	localKey    string // the memory store of local fallback buckets, if any
+	logger      *zap.Logger
+	anyMatch    bool // some zone has matchers
+	policy      string
 }
 
 // RedisConfig connects the handler to Redis. Handlers with the same
@@ -185,6 +226,32 @@ type LegacyDistributed struct {
 	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
 	PurgeAge      caddy.Duration `json:"purge_age,omitempty"`
+}
+
+// LegacyRateLimit is one zone of mholt/caddy-ratelimit's JSON form (see
+// Handler.RateLimits), with that plugin's field names.
+type LegacyRateLimit struct {
+	// MatcherSetsRaw limits the zone to matching requests. Default: all
+	// requests that reach the handler.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Key is a placeholder expression naming the client. Default: none,
+	// so one bucket is shared by every request of the zone, as in that
+	// plugin (whose key defaulted to the empty, static string).
+	Key string `json:"key,omitempty"`
+
+	// Window is the sliding window: a Caddy duration, in nanoseconds or
+	// a string such as "1m". Required.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// MaxEvents is the most requests admitted in any Window. Required,
+	// at least 1.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// IPv4Prefix and IPv6Prefix make keys that are IP addresses share a
+	// bucket per network, as Zone's fields of the same names.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.

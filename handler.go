@@ -28,7 +28,9 @@ const exceededPlaceholder = "http.rate_limit.exceeded.name"
 // Provision sets up the zones, the store, the observability and the
 // limiter.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
+	if h.logger == nil { // tests may set their own
+		h.logger = ctx.Logger()
+	}
 	if h.MaxKeys < 0 {
 		return errors.New("rate_limit: max_keys must not be negative")
 	}
@@ -37,6 +39,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.headers = mode
+	if err := h.provisionDenials(); err != nil {
+		return err
+	}
 	if err := h.provisionCompat(); err != nil {
 		return err
 	}
@@ -261,7 +266,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		}
 		return true, nil
 	}
-	return false, h.deny(w, repl, reqs, zones, results)
+	return false, h.deny(w, r, repl, reqs, zones, results)
 }
 
 // errUnavailable is the error of a request rejected because the store
@@ -283,9 +288,9 @@ func (h *Handler) unavailable(w http.ResponseWriter, results []limiter.Result) e
 }
 
 // deny answers a request that a zone denied: Retry-After for the latest
-// moment any denying zone can admit it, the exceeded placeholder, and a 429
-// handler error.
-func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limiter.Request, zones []*Zone, results []limiter.Result) error {
+// moment any denying zone can admit it, the exceeded placeholder, the log
+// lines of log_denials, and a 429 handler error.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, zones []*Zone, results []limiter.Result) error {
 	var first *Zone
 	var retry time.Duration
 	never := false
@@ -301,16 +306,15 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, reqs []limit
 			first = zones[i]
 		}
 		retry = max(retry, res.RetryAfter)
-		if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
-			ce.Write(zap.String("zone", zones[i].Name), h.keyField(reqs[i].Key),
-				zap.Int64("cost", reqs[i].Cost), zap.Duration("retry_after", res.RetryAfter))
-		}
 	}
 	repl.Set(exceededPlaceholder, first.Name)
 	if never {
+		h.logDenials(r, reqs, zones, results, retry)
 		return denial(first.errNever)
 	}
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(h.jitter(retry)), 10)}
+	wait := h.jitter(retry)
+	h.logDenials(r, reqs, zones, results, wait)
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(wait), 10)}
 	return denial(first.errDenied)
 }
 

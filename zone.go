@@ -23,10 +23,15 @@ type Zone struct {
 	Name string `json:"name"`
 
 	// Key lists placeholder expressions; the client key is the first one
-	// that is not empty. Default: `{http.vars.client_ip}`. Keys longer
-	// than 64 bytes or with unusual characters are hashed (SHA-256), so
-	// client input cannot grow the store or break a key. When every
-	// expression is empty, all such requests share one bucket.
+	// that is not empty. Keys longer than 64 bytes or with unusual
+	// characters are hashed (SHA-256), so client input cannot grow the
+	// store or break a key. When every expression is empty, all such
+	// requests share one bucket. Default: `{http.vars.client_ip}` (one
+	// bucket per client IP) for a zone in fleetlimit's form (Rate and
+	// Per); none for a zone in caddy-ratelimit's form (Window and Events,
+	// in the Caddyfile or JSON), so that its requests all share ONE
+	// bucket, as they did in that plugin, whose key defaulted to an empty,
+	// static string.
 	Key []string `json:"key,omitempty"`
 
 	// Algorithm is how the zone counts: `token_bucket` (a bucket of Burst
@@ -110,8 +115,9 @@ type Zone struct {
 	obs        *observe.Zone // placeholders and stats
 }
 
-// defaultKey is the key of a zone that names none: the client's IP address
-// (as Caddy determines it, honouring trusted_proxies).
+// defaultKey is the key of a zone in fleetlimit's form (rate and per) that
+// names none: the client's IP address (as Caddy determines it, honouring
+// trusted_proxies). A zone in caddy-ratelimit's form has none: one bucket.
 const defaultKey = "{http.vars.client_ip}"
 
 // zoneNameRE is what a zone's name may be.
@@ -169,7 +175,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 // provisionKeys compiles the zone's key expressions.
 func (z *Zone) provisionKeys() error {
 	exprs := z.Key
-	if len(exprs) == 0 {
+	if len(exprs) == 0 && !z.legacyForm() {
+		// caddy-ratelimit's form keeps no key: one shared bucket.
 		exprs = []string{defaultKey}
 	}
 	z.keys = make([]keyExpr, 0, len(exprs))
@@ -207,6 +214,12 @@ func (z *Zone) provisionCost(rule *limiter.Rule) error {
 		z.cost = n
 	}
 	return nil
+}
+
+// legacyForm reports whether the zone gives its limit in caddy-ratelimit's
+// form, window and events.
+func (z *Zone) legacyForm() bool {
+	return z.Window != 0 || z.Events != 0
 }
 
 // keyOf returns the zone's bounded client key for a request.

@@ -1,0 +1,188 @@
+package fleetlimit
+
+import (
+	"fmt"
+	"hash/maphash"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// deniedMessage is the message of a denial's log line, caddy-ratelimit's.
+const deniedMessage = "rate limit exceeded"
+
+// denialLevel is how denials are logged (Handler.LogDenials).
+type denialLevel uint8
+
+const (
+	denialsDebug denialLevel = iota // every denial, at debug level
+	denialsInfo                     // at info level, throttled
+	denialsOff                      // not at all
+)
+
+// parseDenialLevel reads log_denials; empty is the default, debug.
+func parseDenialLevel(s string) (denialLevel, error) {
+	switch s {
+	case "", "debug":
+		return denialsDebug, nil
+	case "info":
+		return denialsInfo, nil
+	case "off":
+		return denialsOff, nil
+	}
+	return 0, fmt.Errorf("rate_limit: unknown log_denials %q (want info, debug or off)", s)
+}
+
+// denialLog writes the log lines of denials.
+type denialLog struct {
+	level    denialLevel
+	throttle *denialThrottle // with info
+}
+
+// provisionDenials sets up the denial log from LogDenials.
+func (h *Handler) provisionDenials() error {
+	level, err := parseDenialLevel(h.LogDenials)
+	if err != nil {
+		return err
+	}
+	h.denials = denialLog{level: level}
+	if level == denialsInfo {
+		h.denials.throttle = newDenialThrottle()
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	return nil
+}
+
+// logDenials logs the zones that denied a request, as log_denials says:
+// wait is the wait Retry-After gives (jitter included), as caddy-ratelimit
+// logged it, and each zone's own wait is its retry_after.
+func (h *Handler) logDenials(r *http.Request, reqs []limiter.Request, zones []*Zone, results []limiter.Result, wait time.Duration) {
+	lvl := zapcore.DebugLevel
+	switch h.denials.level {
+	case denialsOff:
+		return
+	case denialsInfo:
+		lvl = zapcore.InfoLevel
+	}
+	for i, res := range results {
+		if res.Allowed { // Unknown results are Allowed too
+			continue
+		}
+		ce := h.logger.Check(lvl, deniedMessage)
+		if ce == nil {
+			return
+		}
+		if t := h.denials.throttle; t != nil {
+			ok, dropped := t.admit(zones[i].Name, reqs[i].Key, h.now().Unix())
+			if dropped > 0 {
+				h.logger.Info("rate limit denials left out of the log",
+					zap.Int64("count", dropped), zap.Int("max_lines_per_second", denialShards*denialShardKeys))
+			}
+			if !ok {
+				continue
+			}
+		}
+		ce.Write(zap.String("zone", zones[i].Name), zap.Duration("wait", wait), zap.String("remote_ip", remoteIP(r)),
+			h.keyField(reqs[i].Key), zap.Int64("cost", reqs[i].Cost), zap.Duration("retry_after", res.RetryAfter))
+	}
+}
+
+// remoteIP is the address of the connection's peer, as caddy-ratelimit
+// logged it.
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// The denial throttle's bounds: it remembers at most denialShardKeys keys
+// per shard and second, so at most denialShards x denialShardKeys lines a
+// second, however many keys a flood brings.
+const (
+	denialShards    = 16
+	denialShardKeys = 64
+)
+
+// denialThrottle lets a key's denial in a zone be logged at most once a
+// second. Each shard remembers the digests of the keys it logged in the
+// current second and forgets them when the next second begins; a shard
+// that is full logs no more keys until then (they are counted, and the
+// count logged once in a later second), so its memory and the log's lines
+// stay bounded whatever a flood of keys does.
+type denialThrottle struct {
+	seed     maphash.Seed
+	shards   [denialShards]denialShard
+	dropped  atomic.Int64 // lines left out because a shard was full
+	reported atomic.Int64 // the second in which dropped was last reported
+}
+
+// denialShard is one shard of the throttle.
+type denialShard struct {
+	mu   sync.Mutex
+	sec  int64               // the second seen holds
+	seen map[uint64]struct{} // digests of (zone, key) logged in sec
+	_    [40]byte            // keeps shards on their own cache lines
+}
+
+func newDenialThrottle() *denialThrottle {
+	t := &denialThrottle{seed: maphash.MakeSeed()}
+	for i := range t.shards {
+		t.shards[i].seen = make(map[uint64]struct{}, denialShardKeys)
+	}
+	return t
+}
+
+// admit reports whether a denial of key in the named zone in second sec is
+// logged, and how many lines full shards left out before this
+// second, once a second, when there were any.
+func (t *denialThrottle) admit(zone, key string, sec int64) (bool, int64) {
+	var dropped int64
+	if prev := t.reported.Load(); sec > prev && t.reported.CompareAndSwap(prev, sec) {
+		dropped = t.dropped.Swap(0)
+	}
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(zone)
+	h.WriteByte(0) // zone names have no NUL: (zone, key) pairs stay apart
+	h.WriteString(key)
+	d := h.Sum64()
+	s := &t.shards[d%denialShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sec != sec {
+		clear(s.seen)
+		s.sec = sec
+	}
+	if _, ok := s.seen[d]; ok {
+		return false, dropped
+	}
+	if len(s.seen) >= denialShardKeys {
+		t.dropped.Add(1)
+		return false, dropped
+	}
+	s.seen[d] = struct{}{}
+	return true, dropped
+}
+
+// size returns how many keys the throttle remembers.
+func (t *denialThrottle) size() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		n += len(s.seen)
+		s.mu.Unlock()
+	}
+	return n
+}
