@@ -184,7 +184,7 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.WindowUS - v.elapsed
 	}
 	st := r.stateAt(now, v.after)
-	return st, st.FullAt()
+	return st, st.fullAt()
 }
 
 // result turns a verdict into the zone's Result. charged says whether the

@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// DefaultDenyCacheSize is how many buckets a deny cache remembers unless
+// defaultDenyCacheSize is how many buckets a deny cache remembers unless
 // told otherwise.
-const DefaultDenyCacheSize = 1 << 16
+const defaultDenyCacheSize = 1 << 16
 
 // DenyCache lets one node deny, without asking the shared store, requests
 // that the store has already shown cannot pass yet.
@@ -61,7 +61,7 @@ type probe struct {
 // size when size <= 0).
 func NewDenyCache(size int) *DenyCache {
 	if size <= 0 {
-		size = DefaultDenyCacheSize
+		size = defaultDenyCacheSize
 	}
 	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), base: nodeClock()}
 	for i := range c.shards {
@@ -115,7 +115,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 			sh.mu.Unlock()
 			continue
 		}
-		if st.FullAt() <= now {
+		if st.fullAt() <= now {
 			delete(sh.m, id)
 			sh.mu.Unlock()
 			continue
@@ -199,7 +199,7 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 // first, then arbitrary ones (map order is random) until one slot is free.
 func (sh *denyShard) evict(now int64, limit int) {
 	for id, st := range sh.m {
-		if st.FullAt() <= now {
+		if st.fullAt() <= now {
 			delete(sh.m, id)
 		}
 	}

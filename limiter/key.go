@@ -5,9 +5,9 @@ import (
 	"encoding/base64"
 )
 
-// MaxKeyLen is the longest client key kept as it is. Longer keys, and keys
+// maxKeyLen is the longest client key kept as it is. Longer keys, and keys
 // with any byte outside the safe set, are replaced by a hash (see ClientKey).
-const MaxKeyLen = 64
+const maxKeyLen = 64
 
 // hashedKeyPrefix starts every hashed key. It is not in the safe set, so a
 // hashed key never equals a key kept verbatim.
@@ -31,13 +31,13 @@ var safeKeyByte = func() (t [256]bool) {
 }()
 
 // ClientKey returns a bounded, structurally safe form of a client-controlled
-// key: the key itself when it is at most MaxKeyLen bytes of the safe set,
+// key: the key itself when it is at most maxKeyLen bytes of the safe set,
 // otherwise "#" and 22 characters of base64url SHA-256 (128 bits), so that a
 // hostile value can neither grow storage nor break the key's structure, and
 // no two clients can be made to share a bucket. It does not allocate for a
 // key kept verbatim.
 func ClientKey(raw string) string {
-	if len(raw) <= MaxKeyLen {
+	if len(raw) <= maxKeyLen {
 		safe := true
 		for i := 0; i < len(raw); i++ {
 			if !safeKeyByte[raw[i]] {

@@ -18,7 +18,7 @@ func TestClientKeyVerbatim(t *testing.T) {
 		"aGVsbG8gd29ybGQ=",
 		"/api/v1/users",
 		"-._:@/+=~!$&*^|",
-		strings.Repeat("a", MaxKeyLen),
+		strings.Repeat("a", maxKeyLen),
 	} {
 		if got := ClientKey(k); got != k {
 			t.Errorf("ClientKey(%q) = %q, want it kept", k, got)
@@ -41,7 +41,7 @@ func TestClientKeyVerbatimDoesNotAllocate(t *testing.T) {
 func TestClientKeyHashed(t *testing.T) {
 	t.Parallel()
 	for _, k := range []string{
-		strings.Repeat("a", MaxKeyLen+1),
+		strings.Repeat("a", maxKeyLen+1),
 		strings.Repeat("x", 10_000),
 		"{tag}", "a{b", "a}b", "}",
 		"two words", " ", "tab\there", "nl\n", "\x00", "\x7f",
@@ -76,8 +76,8 @@ func checkClientKey(t *testing.T, raw string) string {
 	if got != ClientKey(raw) {
 		t.Fatalf("ClientKey(%q) is not deterministic", raw)
 	}
-	if len(got) > MaxKeyLen {
-		t.Fatalf("ClientKey(%q) = %q: %d bytes, more than %d", raw, got, len(got), MaxKeyLen)
+	if len(got) > maxKeyLen {
+		t.Fatalf("ClientKey(%q) = %q: %d bytes, more than %d", raw, got, len(got), maxKeyLen)
 	}
 	if strings.ContainsAny(got, "{}") {
 		t.Fatalf("ClientKey(%q) = %q holds a brace", raw, got)
@@ -90,7 +90,7 @@ func checkClientKey(t *testing.T, raw string) string {
 	if got == raw {
 		// Kept verbatim: short, only safe bytes, and so never starting
 		// like a hashed key.
-		if len(raw) > MaxKeyLen || strings.Contains(raw, hashedKeyPrefix) {
+		if len(raw) > maxKeyLen || strings.Contains(raw, hashedKeyPrefix) {
 			t.Fatalf("ClientKey(%q) kept an unsafe key", raw)
 		}
 		for i := 0; i < len(raw); i++ {
@@ -123,11 +123,11 @@ func TestClientKeyDistinct(t *testing.T) {
 		var raw string
 		switch i % 4 {
 		case 0: // short safe keys, kept
-			raw = randomString(rng, "abcdefABCDEF0123456789.:-@", 1+rng.IntN(MaxKeyLen))
+			raw = randomString(rng, "abcdefABCDEF0123456789.:-@", 1+rng.IntN(maxKeyLen))
 		case 1: // long safe keys, hashed
-			raw = randomString(rng, "abcdefABCDEF0123456789.:-@", MaxKeyLen+1+rng.IntN(100))
+			raw = randomString(rng, "abcdefABCDEF0123456789.:-@", maxKeyLen+1+rng.IntN(100))
 		default: // anything, short or long
-			raw = randomString(rng, alphabet, rng.IntN(2*MaxKeyLen))
+			raw = randomString(rng, alphabet, rng.IntN(2*maxKeyLen))
 		}
 		if _, dup := seen[raw]; dup {
 			continue
@@ -161,7 +161,7 @@ func FuzzClientKey(f *testing.F) {
 	for _, s := range []string{
 		"", "203.0.113.9", "2001:db8::1", "user@example.com", "{", "}", "{}", "a{b}c",
 		" ", "\x00", "\t", "\xff", "é", "#", "#AAAAAAAAAAAAAAAAAAAAAA",
-		strings.Repeat("a", MaxKeyLen), strings.Repeat("a", MaxKeyLen+1), strings.Repeat("{", 1000),
+		strings.Repeat("a", maxKeyLen), strings.Repeat("a", maxKeyLen+1), strings.Repeat("{", 1000),
 	} {
 		f.Add(s)
 	}

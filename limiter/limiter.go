@@ -16,7 +16,9 @@ import (
 )
 
 // Never is the RetryAfter of a request that no wait can make admissible: its
-// cost exceeds the zone's burst.
+// cost exceeds the zone's burst. Beware: go-redis/redis_rate uses -1 for
+// the opposite (an allowed request, nothing to wait for); here an allowed
+// zone's RetryAfter is 0, and -1 means "never".
 const Never time.Duration = -1
 
 // Request is one zone's part of a decision: the rule, the client key the
@@ -40,7 +42,9 @@ type Result struct {
 	// (a request denied by any zone is charged to none).
 	Remaining int64
 	// RetryAfter is, for a zone that denied, how long until the same
-	// request can be admitted by this zone; Never if it never can.
+	// request can be admitted by this zone; Never (-1) if it never can
+	// (unlike redis_rate, where -1 means allowed). 0 for a zone that
+	// admitted.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again (the window
 	// algorithms: until the requests counted now no longer count).

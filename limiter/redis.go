@@ -473,11 +473,6 @@ wait:
 	return ok, 0, err
 }
 
-// Ping checks that Redis answers.
-func (s *RedisStore) Ping(ctx context.Context) error {
-	return s.client.Ping(ctx).Err()
-}
-
 // Close stops the workers and closes the connections.
 func (s *RedisStore) Close() error {
 	close(s.stop)

@@ -234,9 +234,9 @@ func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request
 			// when the script ran; Redis truncates times to the
 			// millisecond.
 			elapsed := int64(time.Since(sent)/time.Microsecond) + 2000
-			if inMemory && st.FullAt()-now > elapsed {
+			if inMemory && st.fullAt()-now > elapsed {
 				t.Fatalf("%s key %q: gone from Redis %dus after the decision, but the memory store's bucket %d is full only at +%dus",
-					q.Rule.Name, q.Key, elapsed, st, st.FullAt()-now)
+					q.Rule.Name, q.Key, elapsed, st, st.fullAt()-now)
 			}
 		case err != nil:
 			t.Fatalf("GET: %v", err)

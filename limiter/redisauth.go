@@ -44,12 +44,12 @@ func credentialsError(client redis.UniversalClient, command string, err error) e
 	if u := clientUser(client); u != "" {
 		who = fmt.Sprintf(" for user %q", u)
 	}
-	code := AuthCode(err)
+	code := authCode(err)
 	switch {
 	case code == "":
 		return fmt.Errorf("checking redis credentials%s with %s: %w", who, command, err)
 	case code == "NOPERM":
-		refused, _ := NoPermCommand(err)
+		refused, _ := noPermCommand(err)
 		if refused == "" {
 			refused = strings.ToLower(command)
 		}

@@ -103,7 +103,7 @@ func TestRedisStoreWrongPassword(t *testing.T) {
 			for i := range 3 {
 				results := make([]Result, 1)
 				_, err := s.Decide(context.Background(), []Request{{Rule: rule, Key: "203.0.113.7", Cost: 1}}, results)
-				if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || !IsAuth(err) || AuthCode(err) != "WRONGPASS" {
+				if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || !IsAuth(err) || authCode(err) != "WRONGPASS" {
 					t.Fatalf("RESP%d, %d pipelines, decision %d: Decide = %v, want WRONGPASS", protocol, pipelines, i, err)
 				}
 				if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), wrong) {

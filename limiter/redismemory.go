@@ -228,7 +228,7 @@ func (w *memoryWatch) check(ctx context.Context) bool {
 	defer cancel()
 	m, err := ReadRedisMemory(ctx, w.client)
 	if err != nil {
-		if cmd, ok := NoPermCommand(err); ok {
+		if cmd, ok := noPermCommand(err); ok {
 			w.log.Info("redis refuses INFO to this user, so its memory and eviction policy are not watched; grant the user +info to watch them",
 				zap.String("redis_error", "NOPERM"), zap.String("command", cmd))
 			return false
@@ -298,7 +298,7 @@ func IsOOM(err error) bool {
 
 // IsAuth reports whether err, wrapped or not, is Redis refusing the
 // client's credentials (WRONGPASS, NOAUTH) or its permissions (NOPERM, or
-// a command a script called that the user may not run). See NoPermCommand
+// a command a script called that the user may not run). See noPermCommand
 // for the command refused.
 func IsAuth(err error) bool {
 	if err == nil {
@@ -320,11 +320,11 @@ func IsAuth(err error) bool {
 // called and the user may not run.
 const scriptNoPerm = "The user executing the script can't run this command"
 
-// NoPermCommand returns the command named by a NOPERM error ("NOPERM this
+// noPermCommand returns the command named by a NOPERM error ("NOPERM this
 // user has no permissions to run the 'info' command"), wrapped or not, and
 // whether err is one. For a command refused inside a script, which Redis
 // does not name, the command is "".
-func NoPermCommand(err error) (string, bool) {
+func noPermCommand(err error) (string, bool) {
 	if err == nil {
 		return "", false
 	}
@@ -342,11 +342,11 @@ func NoPermCommand(err error) (string, bool) {
 	return "", true
 }
 
-// AuthCode returns the code of an authentication or permission error
+// authCode returns the code of an authentication or permission error
 // ("WRONGPASS", "NOAUTH" or "NOPERM", the last also for a command a script
 // may not run), or "" when err is none of them: a short reason for logs and
 // metrics that carries no secret.
-func AuthCode(err error) string {
+func authCode(err error) string {
 	if !IsAuth(err) {
 		return ""
 	}

@@ -356,12 +356,12 @@ func TestIsAuth(t *testing.T) {
 		if !IsAuth(err) {
 			t.Errorf("%s: IsAuth(%v) = false", tc.name, err)
 		}
-		if got := AuthCode(err); got != tc.code {
-			t.Errorf("%s: AuthCode(%v) = %q, want %q", tc.name, err, got, tc.code)
+		if got := authCode(err); got != tc.code {
+			t.Errorf("%s: authCode(%v) = %q, want %q", tc.name, err, got, tc.code)
 		}
-		cmd, noPerm := NoPermCommand(err)
+		cmd, noPerm := noPermCommand(err)
 		if noPerm != (tc.code == "NOPERM") || cmd != tc.command {
-			t.Errorf("%s: NoPermCommand(%v) = %q, %v; want %q, %v", tc.name, err, cmd, noPerm, tc.command, tc.code == "NOPERM")
+			t.Errorf("%s: noPermCommand(%v) = %q, %v; want %q, %v", tc.name, err, cmd, noPerm, tc.command, tc.code == "NOPERM")
 		}
 		if IsOOM(err) {
 			t.Errorf("%s: IsOOM(%v) = true", tc.name, err)
@@ -369,7 +369,7 @@ func TestIsAuth(t *testing.T) {
 		t.Logf("%s: %v", tc.name, tc.err)
 	}
 	for _, err := range []error{nil, redis.Nil, errors.New("ERR unknown command 'x'"), limiterUser.EvalSha(ctx, probeSHA, nil).Err()} {
-		if IsAuth(err) || AuthCode(err) != "" {
+		if IsAuth(err) || authCode(err) != "" {
 			t.Errorf("IsAuth(%v) = true", err)
 		}
 	}

@@ -10,14 +10,14 @@ import "time"
 // any State whose time has passed: a bucket that is full needs no storage.
 type State int64
 
-// Parts splits a state into its whole microseconds and remaining ticks.
-func (s State) Parts() (us, ticks int64) {
+// parts splits a state into its whole microseconds and remaining ticks.
+func (s State) parts() (us, ticks int64) {
 	return int64(s) / fracScale, int64(s) % fracScale
 }
 
-// FullAt returns the microsecond at or after which the bucket is full.
-func (s State) FullAt() int64 {
-	us, ticks := s.Parts()
+// fullAt returns the microsecond at or after which the bucket is full.
+func (s State) fullAt() int64 {
+	us, ticks := s.parts()
 	if ticks > 0 {
 		us++
 	}
@@ -39,7 +39,7 @@ func (r *Rule) tbCheck(s State, now, cost int64) verdict {
 // clamped to the rule's capacity (a bucket written under a stricter rule may
 // owe more than this rule's capacity: it is then simply empty).
 func (r *Rule) debt(s State, now int64) int64 {
-	us, ticks := s.Parts()
+	us, ticks := s.parts()
 	if ticks >= r.Denom { // written under a rule with a finer tick
 		us += ticks / r.Denom
 		ticks %= r.Denom
