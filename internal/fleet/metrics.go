@@ -68,20 +68,7 @@ func ParseMetrics(text string) (Metrics, error) {
 // Sum is the sum of the samples of name whose labels include the given
 // pairs ("label", "value", ...).
 func (m Metrics) Sum(name string, labels ...string) float64 {
-	sum := 0.0
-	for _, s := range m {
-		if s.Name != name {
-			continue
-		}
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			match = match && s.Labels[labels[i]] == labels[i+1]
-		}
-		if match {
-			sum += s.Value
-		}
-	}
-	return sum
+	return m.By("", name, labels...)[""]
 }
 
 // By sums the samples of name whose labels include the given pairs, per
