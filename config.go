@@ -152,14 +152,18 @@ type RedisConfig struct {
 	// Cluster selects Redis Cluster with a single seed Address. Several
 	// addresses always mean a Cluster.
 	Cluster bool `json:"cluster,omitempty"`
-	// SentinelMaster is the master name that Redis Sentinel monitors;
-	// with it, SentinelAddresses list the sentinels, which tell the
-	// client where the master is, also after a failover.
-	SentinelMaster    string   `json:"sentinel_master,omitempty"`
+	// SentinelMaster is the master name that Redis Sentinel monitors:
+	// set, the sentinels of SentinelAddresses tell the client where the
+	// master is, also after a failover (instead of Address).
+	SentinelMaster string `json:"sentinel_master,omitempty"`
+	// SentinelAddresses are the sentinels' host:port, with
+	// SentinelMaster ({env.*} placeholders are expanded).
 	SentinelAddresses []string `json:"sentinel_addresses,omitempty"`
-	// SentinelUsername and SentinelPassword authenticate to the sentinels
-	// ({env.*} placeholders are expanded; never logged).
+	// SentinelUsername is the ACL user on the sentinels, if they need one
+	// ({env.*} placeholders are expanded).
 	SentinelUsername string `json:"sentinel_username,omitempty"`
+	// SentinelPassword authenticates to the sentinels ({env.*}
+	// placeholders are expanded). It is never logged.
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// Username is the ACL user; {env.*} placeholders are expanded.
 	Username string `json:"username,omitempty"`
@@ -222,10 +226,15 @@ type RedisConfig struct {
 // LegacyDistributed is caddy-ratelimit's distributed block, kept only so
 // that its configurations load.
 type LegacyDistributed struct {
-	// ReadInterval, WriteInterval and PurgeAge are that plugin's timings.
-	ReadInterval  caddy.Duration `json:"read_interval,omitempty"`
+	// ReadInterval is how often that plugin read the other instances'
+	// states from storage. Ignored: Redis is read on every decision.
+	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
+	// WriteInterval is how often that plugin wrote its state to storage.
+	// Ignored: Redis is written on every decision.
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
-	PurgeAge      caddy.Duration `json:"purge_age,omitempty"`
+	// PurgeAge is how old that plugin let a stored state grow before
+	// deleting it. Ignored: every bucket in Redis expires when full.
+	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
 }
 
 // LegacyRateLimit is one zone of mholt/caddy-ratelimit's JSON form (see
@@ -248,9 +257,12 @@ type LegacyRateLimit struct {
 	// at least 1.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// IPv4Prefix and IPv6Prefix make keys that are IP addresses share a
-	// bucket per network, as Zone's fields of the same names.
+	// IPv4Prefix makes keys that are IPv4 addresses share a bucket per
+	// network of this many bits, as Zone.IPv4Prefix. Default: 32.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix makes keys that are IPv6 addresses share a bucket per
+	// network of this many bits, as Zone.IPv6Prefix. Default: 128.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
@@ -259,10 +271,12 @@ type RedisTLS struct {
 	// CA is a PEM file of the certificate authorities to trust. Default:
 	// the system's.
 	CA string `json:"ca,omitempty"`
-	// Cert and Key are PEM files of a client certificate, for servers
-	// that require one.
+	// Cert is a PEM file of a client certificate, for servers that
+	// require one; with Key. Read again at every config load, so that a
+	// certificate rotated in place is used after a reload.
 	Cert string `json:"cert,omitempty"`
-	Key  string `json:"key,omitempty"`
+	// Key is the PEM file of Cert's private key.
+	Key string `json:"key,omitempty"`
 	// ServerName is the name to verify in the server's certificate.
 	// Default: the host of the address.
 	ServerName string `json:"server_name,omitempty"`

@@ -15,7 +15,8 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
-// Zone is one limit: a token bucket per client key.
+// Zone is one limit, kept per client key by one of the algorithms (a token
+// bucket unless Algorithm says otherwise).
 type Zone struct {
 	// Name identifies the zone in headers, placeholders and logs, and is
 	// part of every bucket's key: zones of the same name share buckets.
@@ -62,17 +63,24 @@ type Zone struct {
 	// turn. Default: as long as the queue (Burst) allows.
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
-	// Window and Events are mholt/caddy-ratelimit's form of a limit: at
-	// most Events in any Window (a sliding log unless Algorithm says
-	// otherwise). Use them instead of Rate and Per.
+	// Window is mholt/caddy-ratelimit's form of the period: at most
+	// Events in any Window (a sliding log unless Algorithm says
+	// otherwise). Use Window and Events instead of Rate and Per.
 	Window caddy.Duration `json:"window,omitempty"`
-	Events int64          `json:"events,omitempty"`
 
-	// IPv4Prefix and IPv6Prefix make client keys that are IP addresses
-	// share a bucket per network: with ipv6_prefix 64, a client rotating
-	// through the addresses of its /64 gets one limit. Default: 32 and
-	// 128 (one bucket per address).
+	// Events is mholt/caddy-ratelimit's form of the limit: at most Events
+	// requests in any Window.
+	Events int64 `json:"events,omitempty"`
+
+	// IPv4Prefix makes client keys that are IPv4 addresses share a bucket
+	// per network of this many bits (ipv4_prefix 24: one limit per /24).
+	// Default: 32 (one bucket per address).
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix makes client keys that are IPv6 addresses share a bucket
+	// per network of this many bits: with ipv6_prefix 64, a client
+	// rotating through the addresses of its /64 gets one limit. Default:
+	// 128 (one bucket per address).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// Cost is how many tokens a request takes: an integer, or a
