@@ -127,6 +127,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.LogKey = true
+		case "key_digest_secret":
+			if !d.AllArgs(&h.KeyDigestSecret) {
+				return d.Err("key_digest_secret takes one argument")
+			}
 		case "disable_metrics":
 			if d.NextArg() {
 				return d.ArgErr()
@@ -227,7 +231,7 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 		}
 		h.Storage, _ = json.Marshal(map[string]string{"module": name})
 	default:
-		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, log_denials, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
+		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, key_digest_secret, log_denials, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
 	}
 	return nil
 }

@@ -56,6 +56,15 @@ type Handler struct {
 	// keys or user ids.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// KeyDigestSecret keys the digests that logs, statistics and events
+	// carry instead of client keys (HMAC-SHA256), so that nobody without
+	// it can reverse a digest by hashing candidate keys, such as every
+	// IPv4 address. {env.*} placeholders are expanded; it is never logged.
+	// Nodes with the same secret give the same digests. Default: a secret
+	// generated once and kept in Caddy's storage (shared by the nodes that
+	// share the storage).
+	KeyDigestSecret string `json:"key_digest_secret,omitempty"`
+
 	// Jitter adds, at random, up to a share of the wait to Retry-After,
 	// so that denied clients do not all come back at once. A number from
 	// 0 to 1 is that share (0.2: up to 20%; 1: up to the whole wait); a
@@ -137,7 +146,8 @@ type Handler struct {
 	poolKey     string
 	localKey    string // the memory store of local fallback buckets, if any
 	logger      *zap.Logger
-	anyMatch    bool // some zone has matchers
+	digest      limiter.Digester // client keys' digests in logs, stats and events
+	anyMatch    bool             // some zone has matchers
 	policy      string
 }
 

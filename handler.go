@@ -34,6 +34,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.MaxKeys < 0 {
 		return errors.New("rate_limit: max_keys must not be negative")
 	}
+	if err := h.provisionDigester(ctx); err != nil {
+		return err
+	}
 	mode, err := parseHeaderMode(h.Headers)
 	if err != nil {
 		return err
@@ -129,6 +132,7 @@ func (h *Handler) provisionObservability(ctx caddy.Context, store, local limiter
 		StoreKey:       h.poolKey,
 		StoreName:      h.storeName(),
 		Memory:         memoryOf(store, local),
+		Digest:         h.digest,
 		LogKey:         h.LogKey,
 		DisableMetrics: h.DisableMetrics,
 	})
@@ -367,7 +371,7 @@ func (h *Handler) keyField(key string) zap.Field {
 	if h.LogKey {
 		return zap.String("key", key)
 	}
-	return zap.String("key_digest", limiter.KeyDigest(key))
+	return zap.String("key_digest", h.digest.Digest(key))
 }
 
 // hdrDelay reports how long a leaky bucket held the request, in

@@ -1,8 +1,11 @@
 package limiter
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"hash"
+	"sync"
 )
 
 // maxKeyLen is the longest client key kept as it is. Longer keys, and keys
@@ -53,10 +56,34 @@ func ClientKey(raw string) string {
 	return hashedKeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
-// KeyDigest returns a short, stable, one-way digest of a client key for
-// logs, where the key itself must not appear: 12 characters of base64url
-// SHA-256.
-func KeyDigest(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return base64.RawURLEncoding.EncodeToString(sum[:9])
+// Digester turns client keys into the short digests that logs, statistics
+// and events carry where the key itself must not appear: 12 characters of
+// base64url HMAC-SHA256 under a secret. Without the secret a digest cannot
+// be reversed by trying every candidate key (all 2^32 IPv4 addresses, the
+// default key, take minutes to hash), and nodes with the same secret give
+// the same digest, so a key can be followed across a fleet's logs. The zero
+// value has no secret: it hashes with an empty one, which anybody can
+// reproduce. It is safe for concurrent use.
+type Digester struct {
+	macs *sync.Pool // of hash.Hash: HMAC-SHA256 under the secret
+}
+
+// NewDigester returns a digester keyed with secret.
+func NewDigester(secret []byte) Digester {
+	secret = append([]byte(nil), secret...)
+	return Digester{macs: &sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}}
+}
+
+// Digest returns the key's digest.
+func (d Digester) Digest(key string) string {
+	if d.macs == nil {
+		d = NewDigester(nil)
+	}
+	mac := d.macs.Get().(hash.Hash)
+	mac.Reset()
+	mac.Write([]byte(key))
+	var sum [sha256.Size]byte
+	out := base64.RawURLEncoding.EncodeToString(mac.Sum(sum[:0])[:9])
+	d.macs.Put(mac)
+	return out
 }

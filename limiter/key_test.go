@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"math/rand/v2"
 	"strings"
@@ -149,11 +150,27 @@ func randomString(rng *rand.Rand, alphabet string, n int) string {
 	return string(b)
 }
 
-func TestKeyDigest(t *testing.T) {
+// TestDigester: digests are short, stable under one secret, distinct per
+// key, and another secret gives others, so a digest cannot be reversed by
+// hashing candidate keys without the secret.
+func TestDigester(t *testing.T) {
 	t.Parallel()
-	a, b := KeyDigest("203.0.113.9"), KeyDigest("203.0.113.10")
-	if len(a) != 12 || a == b || a != KeyDigest("203.0.113.9") || strings.Contains(a, "203") {
-		t.Fatalf("KeyDigest: %q, %q", a, b)
+	d := NewDigester([]byte("secret one"))
+	a, b := d.Digest("203.0.113.9"), d.Digest("203.0.113.10")
+	if len(a) != 12 || a == b || a != d.Digest("203.0.113.9") || strings.Contains(a, "203") {
+		t.Fatalf("Digest: %q, %q", a, b)
+	}
+	if other := NewDigester([]byte("secret two")).Digest("203.0.113.9"); other == a {
+		t.Fatal("two secrets give the same digest")
+	}
+	// The unkeyed digest of earlier versions (SHA-256 alone) is not it.
+	plain := sha256.Sum256([]byte("203.0.113.9"))
+	if a == base64.RawURLEncoding.EncodeToString(plain[:9]) {
+		t.Fatal("the digest is the unkeyed SHA-256")
+	}
+	var zero Digester
+	if zero.Digest("k") != NewDigester(nil).Digest("k") {
+		t.Fatal("the zero Digester is not the empty secret's")
 	}
 }
 

@@ -105,7 +105,7 @@ type statsZone struct {
 }
 
 // statsTop lists the keys denied most since Since (one to two minutes ago).
-// Keys are digests (limiter.KeyDigest, as in the logs) unless the handler
+// Keys are digests (the handler's limiter.Digester, as in the logs) unless the handler
 // has log_key. Denied may exceed the true count by at most Error.
 type statsTop struct {
 	Since  int64         `json:"since"`
@@ -287,7 +287,7 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	for _, it := range items {
 		key := it.key
 		if hashed {
-			key = limiter.KeyDigest(key)
+			key = digestOf(info, key)
 		}
 		zj.TopDenied.Keys = append(zj.TopDenied.Keys, statsTopKey{Key: key, Denied: it.count, Error: it.over})
 	}
@@ -437,4 +437,14 @@ func redisMemoryOf(m limiter.RedisMemory) *statsRedisMemory {
 		out.Warning = out.Policy + " evicts without regard to the buckets' TTLs; volatile-ttl evicts the buckets closest to full"
 	}
 	return out
+}
+
+// digestOf returns a key's digest under the secret of the handler that
+// holds the zone's stats (the zero Digester's if none does).
+func digestOf(info *zoneInfo, key string) string {
+	var d limiter.Digester
+	if info != nil {
+		d = info.digest
+	}
+	return d.Digest(key)
 }

@@ -90,8 +90,11 @@ func asHandlerError(err error, he *caddyhttp.HandlerError) bool {
 	return ok
 }
 
+// digestSecret is the key_digest_secret of zoneConfig.
+const digestSecret = "unit-digest-secret"
+
 func zoneConfig(zone string, extra string) string {
-	return fmt.Sprintf(`{"zones":[{"name":%q,"key":["{http.request.header.X-Key}"],"rate":3,"per":3600000000000}]%s}`, zone, extra)
+	return fmt.Sprintf(`{"key_digest_secret":%q,"zones":[{"name":%q,"key":["{http.request.header.X-Key}"],"rate":3,"per":3600000000000}]%s}`, digestSecret, zone, extra)
 }
 
 func findZone(t *testing.T, stats *statsBody, name string) *statsZone {
@@ -155,7 +158,7 @@ func TestMetricsPlaceholdersAndStats(t *testing.T) {
 	if got := z.Rates.Sixty.Allowed * 60; got != 4 {
 		t.Errorf("60 s rate of allowed × 60 = %v, want 4", got)
 	}
-	if len(z.TopDenied.Keys) != 1 || z.TopDenied.Keys[0].Key != limiter.KeyDigest("a") || z.TopDenied.Keys[0].Denied != 2 || !z.TopDenied.Hashed {
+	if len(z.TopDenied.Keys) != 1 || z.TopDenied.Keys[0].Key != limiter.NewDigester([]byte(digestSecret)).Digest("a") || z.TopDenied.Keys[0].Denied != 2 || !z.TopDenied.Hashed {
 		t.Errorf("top denied %+v, want a's digest denied twice", z.TopDenied)
 	}
 	if z.Fleet != nil {

@@ -42,6 +42,9 @@ type Config struct {
 	// buckets in it (the memory store, or the local fallback buckets of
 	// zones with on_error local): the zones' evictions are counted there.
 	Memory *limiter.MemoryStore
+	// Digest turns client keys into the digests the statistics and
+	// events carry.
+	Digest limiter.Digester
 	// LogKey shows client keys as they are in the statistics and events;
 	// otherwise they carry only a one-way digest.
 	LogKey bool
@@ -56,6 +59,7 @@ type Handler struct {
 	ctx      caddy.Context
 	events   *caddyevents.App // nil when there is no events app
 	logKey   bool
+	digest   limiter.Digester
 	zones    []*Zone
 	observer *limiterObserver // nil unless the store is Redis and metrics are on
 	store    *storeStats      // nil with metrics disabled
@@ -84,7 +88,7 @@ type Zone struct {
 // unless metrics are disabled, registers the metrics and takes references
 // to the zones' and the store's statistics (released by Cleanup).
 func New(ctx caddy.Context, cfg Config) (*Handler, error) {
-	h := &Handler{ctx: ctx, logKey: cfg.LogKey, zones: make([]*Zone, len(cfg.Rules))}
+	h := &Handler{ctx: ctx, logKey: cfg.LogKey, digest: cfg.Digest, zones: make([]*Zone, len(cfg.Rules))}
 	// The http app loads the events app before its handlers, so it is
 	// there whenever the handler runs in a server.
 	if app, err := ctx.AppIfConfigured("events"); err == nil {
@@ -132,6 +136,7 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			burst:   z.rule.Burst,
 			onError: z.rule.OnError.String(),
 			logKey:  cfg.LogKey,
+			digest:  cfg.Digest,
 			memory:  cfg.Memory,
 			buckets: []string{z.rule.Bucket},
 		}
@@ -277,7 +282,7 @@ func (h *Handler) Decided(repl *caddy.Replacer, outcome limiter.Outcome, zones [
 func (h *Handler) emitExceeded(z *Zone, req *limiter.Request, res *limiter.Result, local bool) {
 	data := map[string]any{
 		"zone":       z.name,
-		"key_digest": limiter.KeyDigest(req.Key),
+		"key_digest": h.digest.Digest(req.Key),
 		"cost":       req.Cost,
 		"local":      local,
 	}

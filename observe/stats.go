@@ -52,6 +52,7 @@ type zoneInfo struct {
 	burst   int64
 	onError string
 	logKey  bool
+	digest  limiter.Digester // the handler's, for the top keys
 	// memory holds the zone's buckets in this process (the memory store,
 	// or the local fallback buckets), named buckets there; nil if none.
 	memory  *limiter.MemoryStore

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // caddyBin is the Caddy binary built once for the whole test run.
@@ -76,4 +77,13 @@ func (n *node) statuses(count int, path string, headers ...string) map[int]int {
 		got[n.get(path, headers...).Status]++
 	}
 	return got
+}
+
+// digestSecret is the key_digest_secret of the tests that check key
+// digests in statistics, logs and events.
+const digestSecret = "test-digest-secret"
+
+// keyDigest returns a key's digest under digestSecret.
+func keyDigest(key string) string {
+	return limiter.NewDigester([]byte(digestSecret)).Digest(key)
 }

@@ -23,7 +23,6 @@ import (
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // dashboardState is what the test reads of the dashboard's DOM.
@@ -87,6 +86,7 @@ func TestDashboardInChromium(t *testing.T) {
 	r := redistest.Start(t)
 	site := fmt.Sprintf(`
 	rate_limit {
+		key_digest_secret test-digest-secret
 		redis {
 			address %s
 			timeout 1s
@@ -190,8 +190,8 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	// Keys are digests unless log_key: mallory is denied most.
 	api := first.Zones[zone(first, "api")]
-	if api.TopKey != limiter.KeyDigest("mallory") || len(api.Rows) < 2 {
-		t.Errorf("top denied in api: first %q (want mallory's digest %q), rows %q", api.TopKey, limiter.KeyDigest("mallory"), api.Rows)
+	if api.TopKey != keyDigest("mallory") || len(api.Rows) < 2 {
+		t.Errorf("top denied in api: first %q (want mallory's digest %q), rows %q", api.TopKey, keyDigest("mallory"), api.Rows)
 	}
 
 	// Seconds later: the page has polled about once a second, the chart

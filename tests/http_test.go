@@ -541,6 +541,7 @@ func TestSecretsStayOutOfLogs(t *testing.T) {
 	r := redistest.Start(t, "--requirepass", "hunter2-secret")
 	n := startCaddy(t, "debug", fmt.Sprintf(`
 	rate_limit {
+		key_digest_secret digest-s3cret-value
 		redis {
 			address %s
 			password hunter2-secret
@@ -569,6 +570,9 @@ func TestSecretsStayOutOfLogs(t *testing.T) {
 	for _, line := range strings.Split(out, "\n") {
 		if strings.Contains(line, "hunter2-secret") {
 			t.Errorf("the redis password appears in Caddy's output: %s", line)
+		}
+		if strings.Contains(line, "digest-s3cret-value") {
+			t.Errorf("the key digest secret appears in Caddy's output: %s", line)
 		}
 		if strings.Contains(line, `"logger":"http.handlers.rate_limit"`) && strings.Contains(line, "sk_live_TOPSECRETKEY") {
 			t.Errorf("the client key appears in the module's log: %s", line)

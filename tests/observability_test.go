@@ -161,6 +161,7 @@ func TestMetricsAfterKnownLoad(t *testing.T) {
 	site := func(zones, body string) string {
 		return fmt.Sprintf(`
 	rate_limit {
+		key_digest_secret test-digest-secret
 		zone obs_api {
 			key {header.X-Key}
 			rate 5 1h
@@ -232,7 +233,7 @@ func TestMetricsAfterKnownLoad(t *testing.T) {
 	if allowed != 7 || denied != 3 {
 		t.Errorf("series sum to %d allowed and %d denied, want 7 and 3", allowed, denied)
 	}
-	if len(z.TopDenied.Keys) != 1 || z.TopDenied.Keys[0].Key != limiter.KeyDigest("a") || z.TopDenied.Keys[0].Denied != 3 {
+	if len(z.TopDenied.Keys) != 1 || z.TopDenied.Keys[0].Key != keyDigest("a") || z.TopDenied.Keys[0].Denied != 3 {
 		t.Errorf("top denied %+v, want a's digest, 3", z.TopDenied)
 	}
 
@@ -341,6 +342,7 @@ func TestDenialEventAndLog(t *testing.T) {
 	t.Parallel()
 	n := startCaddy(t, "debug", `
 	rate_limit {
+		key_digest_secret test-digest-secret
 		zone obs_event {
 			key {header.X-Key}
 			rate 1 1h
@@ -350,7 +352,7 @@ func TestDenialEventAndLog(t *testing.T) {
 	if got := n.statuses(3, "/", "X-Key: sk_secret_key"); got[200] != 1 || got[429] != 2 {
 		t.Fatalf("%v", got)
 	}
-	digest := limiter.KeyDigest("sk_secret_key")
+	digest := keyDigest("sk_secret_key")
 	var events, denials int
 	deadline := time.Now().Add(5 * time.Second)
 	for {
