@@ -19,7 +19,7 @@ import (
 // admin endpoint is off unless a profile or the metrics are wanted, and
 // everything Caddy prints goes to a log file.
 type caddyProc struct {
-	URL   string
+	URL   string // the site's base URL, http://127.0.0.1:port
 	Admin string // host:port of the admin endpoint, when enabled
 	PID   int
 

@@ -50,11 +50,11 @@ const (
 // denial scenario, whose reference is plain Caddy of the hot key), the
 // memory store and Redis.
 type scenario struct {
-	ID    string
-	Label string
-	Keys  int  // 0: one hot key
-	Deny  bool // a limit most requests exceed
-	Conns int
+	ID    string // short name, for -only and -profile
+	Label string // name in the reports
+	Keys  int    // distinct random keys; 0: one hot key
+	Deny  bool   // a limit most requests exceed
+	Conns int    // wrk connections
 	Ref   string // ID of the scenario whose plain run is the reference
 	Plain bool   // has a plain configuration of its own
 	// NoHeaders runs the memory store with `headers none`: the handler's
@@ -62,53 +62,66 @@ type scenario struct {
 	NoHeaders bool
 }
 
+// config is one configuration measured: a scenario on one store.
 type config struct {
 	Sc    *scenario
 	Store string // plain, memory, redis
 }
 
+// Name names the configuration in the reports, and keys its samples.
 func (c config) Name() string {
 	return c.Store + ", " + c.Sc.Label
 }
 
 // sample is one measured run of one configuration.
 type sample struct {
-	Round    int
-	Wrk      wrkResult
-	RSSKB    int64
+	Round int
+	Wrk   wrkResult
+	RSSKB int64 // Caddy's peak resident set (VmHWM), in KiB
+	// CaddyCPU is Caddy's CPU time (user + system) during the measured
+	// load.
 	CaddyCPU time.Duration
-	Redis    *redisSample `json:",omitempty"`
-	// FailWarnings and FailTotal are the limiter's store failure
-	// warnings in Caddy's log (at most one a second) during the measured
-	// load, and the largest failure count (since Caddy started) they
-	// reported; FailError is the first one's error. WarmupFailures counts
-	// the warnings during start-up and warm-up.
-	FailWarnings   int
-	FailTotal      int64
-	FailError      string `json:",omitempty"`
+	Redis    *redisSample `json:",omitempty"` // Redis runs only
+	// FailWarnings counts the limiter's store failure warnings in Caddy's
+	// log (at most one a second) during the measured load.
+	FailWarnings int
+	// FailTotal is the largest failure count (since Caddy started) those
+	// warnings reported.
+	FailTotal int64
+	// FailError is the first warning's error.
+	FailError string `json:",omitempty"`
+	// WarmupFailures counts the warnings during start-up and warm-up.
 	WarmupFailures int
 	// StealPct is the CPU time stolen by the hypervisor from Caddy's CPU
-	// (from all CPUs when not pinned) during the measured load.
+	// (from all CPUs when not pinned) during the measured load, percent.
 	StealPct float64
-	// ForeignCaddy and ForeignLoad are the percent of Caddy's CPU and of
-	// the load CPU that other processes used during the measured load;
-	// Foreign is the larger. Attempts counts the runs it took to get one
-	// with Foreign at most -max-foreign (the least disturbed one is kept).
+	// ForeignCaddy is the percent of Caddy's CPU that other processes
+	// used during the measured load.
 	ForeignCaddy float64
-	ForeignLoad  float64
-	Foreign      float64
-	Attempts     int
-	// Ratio is requests/s over the reference plain run of the same round;
+	// ForeignLoad is the percent of the load CPU (wrk, Redis) that other
+	// processes used.
+	ForeignLoad float64
+	// Foreign is the larger of ForeignCaddy and ForeignLoad, at least 0.
+	Foreign float64
+	// Attempts counts the runs it took to get one with Foreign at most
+	// -max-foreign (the least disturbed one is kept).
+	Attempts int
+	// Ratio is requests/s over the reference plain run of the same round.
+	Ratio float64
 	// CPURatio is the reference's Caddy CPU time per request over this
-	// run's (the throughput ratio if Caddy's CPU were all that counted);
-	// P99Added is the p99 latency over the reference's.
-	Ratio    float64
+	// run's (the throughput ratio if Caddy's CPU were all that counted).
 	CPURatio float64
+	// P99Added is the p99 latency over the reference's.
 	P99Added time.Duration
 }
 
+// redisSample is what Redis did during one measured run: deltas of INFO
+// between its start and end. MemDelta, DBSize, KeyUsage and SampleKey are
+// measured on runs with many keys only.
 type redisSample struct {
-	Calls, Usec, Reads int64
+	Calls int64 // EVALSHA calls
+	Usec  int64 // EVALSHA server time, microseconds
+	Reads int64 // read events (total_reads_processed): one per round trip
 	// Decisions counts the decisions sent to Redis: Caddy's
 	// caddy_rate_limit_store_duration_seconds count (the decisions waiting
 	// together share an EVALSHA).
@@ -116,23 +129,26 @@ type redisSample struct {
 	CPU       float64 // seconds
 	// Other counts the other commands run, those inside scripts included
 	// (OtherNames: which, and how many).
-	Other            int64
-	OtherNames       []string `json:",omitempty"`
-	MemDelta, DBSize int64    // runs with many keys: used_memory delta and keys
-	KeyUsage         int64    // MEMORY USAGE of one bucket
-	SampleKey        string
+	Other      int64
+	OtherNames []string `json:",omitempty"`
+	MemDelta   int64    // used_memory from the emptied database to the end, bytes
+	DBSize     int64    // keys at the end
+	KeyUsage   int64    // MEMORY USAGE of SampleKey, bytes
+	SampleKey  string   // a random bucket key
 }
 
+// bench is one benchmark: its settings and the processes it shares between
+// runs.
 type bench struct {
 	env      *env
 	pin      pinning
-	bin      string
-	script   string
+	bin      string // the Caddy binary
+	script   string // the wrk script
 	redis    *redistest.Server
-	duration time.Duration
-	warmup   time.Duration
-	threads  int
-	keys     int
+	duration time.Duration // measured load per run
+	warmup   time.Duration // unmeasured load before it
+	threads  int           // wrk threads
+	keys     int           // distinct keys of the random-key scenarios
 	// maxForeign, retries and quietWait: see measure and waitQuiet.
 	maxForeign float64
 	retries    int
@@ -141,61 +157,117 @@ type bench struct {
 	configs    []config
 }
 
+// options are the command line's flags.
+type options struct {
+	rounds     int
+	duration   time.Duration
+	warmup     time.Duration
+	conns      int
+	latConns   int // connections of the light-load pass; 0: none
+	keys       int
+	threads    int // wrk threads; 0: chosen from the CPUs
+	out        string
+	pin        bool
+	maxForeign float64 // percent
+	retries    int
+	quietWait  time.Duration
+	only       string
+	profile    string
+}
+
 func main() {
-	rounds := flag.Int("rounds", 3, "rounds; every configuration runs once per round, round-robin")
-	duration := flag.Duration("duration", 10*time.Second, "measured load per configuration and round")
-	warmup := flag.Duration("warmup", 2*time.Second, "unmeasured load before each measurement")
-	conns := flag.Int("connections", 50, "wrk connections")
-	latConns := flag.Int("latency-connections", 1, "connections of the light-load pass (0: skip it)")
-	keys := flag.Int("keys", 100000, "distinct keys of the random-key configurations")
-	threads := flag.Int("threads", 0, "wrk threads (0: one per CPU wrk may use)")
-	out := flag.String("out", "bench-results", "directory for results.md, chart.svg, results.json")
-	pin := flag.Bool("pin", true, "pin Caddy and the load (wrk, redis-server) to separate CPUs with taskset")
-	maxForeign := flag.Float64("max-foreign", 10, "repeat a run in which other processes used more than this percent of a benchmark CPU")
-	retries := flag.Int("retries", 2, "repeats of a disturbed run at most")
-	quietWait := flag.Duration("quiet-wait", 30*time.Second, "wait up to this long before each run for the machine to be quiet")
-	only := flag.String("only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
-	profile := flag.String("profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, bare, deny, light); empty: none")
+	o := parseFlags()
+	e := newEnv()
+	defer e.close()
+	b := newBench(e, o)
+	m := describeMachine()
+	fmt.Fprintf(os.Stderr, "machine: %d CPUs (nproc %s), %s, %s, kernel %s, load average %s\n", m.NumCPU, m.Allowed, m.CPUModel, m.GoVersion, m.Kernel, m.LoadAvg)
+	fmt.Fprintf(os.Stderr, "pinning: %s\n", b.pin)
+
+	b.scenarios = newScenarios(o)
+	b.configs = b.selectConfigs(o.only)
+	if len(b.configs) == 0 {
+		e.Fatalf("-only %q matches no configuration", o.only)
+	}
+	b.start()
+	per := b.warmup + b.duration + 3*time.Second
+	fmt.Fprintf(os.Stderr, "redis on %s; %d configurations x %d rounds, about %s\n", b.redis.Addr, len(b.configs), o.rounds, (time.Duration(len(b.configs)*o.rounds) * per).Round(time.Second))
+
+	samples := b.runRounds(o.rounds)
+	profs := b.profiles(o.profile, o.out)
+	rep := &report{Machine: m, Pinning: b.pin.String(), Args: strings.Join(os.Args[1:], " "), Rounds: o.rounds,
+		Duration: b.duration, Warmup: b.warmup, Threads: b.threads, MaxForeign: b.maxForeign, Retries: b.retries, Configs: b.configs, Samples: samples,
+		Profiles: profs}
+	writeResults(e, rep, o.out)
+}
+
+// parseFlags parses the command line; it exits when the flags are invalid.
+func parseFlags() options {
+	var o options
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds; every configuration runs once per round, round-robin")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured load per configuration and round")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each measurement")
+	flag.IntVar(&o.conns, "connections", 50, "wrk connections")
+	flag.IntVar(&o.latConns, "latency-connections", 1, "connections of the light-load pass (0: skip it)")
+	flag.IntVar(&o.keys, "keys", 100000, "distinct keys of the random-key configurations")
+	flag.IntVar(&o.threads, "threads", 0, "wrk threads (0: one per CPU wrk may use)")
+	flag.StringVar(&o.out, "out", "bench-results", "directory for results.md, chart.svg, results.json")
+	flag.BoolVar(&o.pin, "pin", true, "pin Caddy and the load (wrk, redis-server) to separate CPUs with taskset")
+	flag.Float64Var(&o.maxForeign, "max-foreign", 10, "repeat a run in which other processes used more than this percent of a benchmark CPU")
+	flag.IntVar(&o.retries, "retries", 2, "repeats of a disturbed run at most")
+	flag.DurationVar(&o.quietWait, "quiet-wait", 30*time.Second, "wait up to this long before each run for the machine to be quiet")
+	flag.StringVar(&o.only, "only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
+	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, bare, deny, light); empty: none")
 	flag.Parse()
-	if *rounds < 1 || *conns < 1 || *duration < time.Second {
+	if o.rounds < 1 || o.conns < 1 || o.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "bench: need -rounds >= 1, -connections >= 1, -duration >= 1s")
 		os.Exit(2)
 	}
+	return o
+}
 
-	e := newEnv()
-	defer e.close()
-	b := &bench{env: e, pin: choosePinning(!*pin), duration: *duration, warmup: *warmup, keys: *keys}
-	b.threads = *threads
-	b.maxForeign, b.retries, b.quietWait = *maxForeign, max(*retries, 0), *quietWait
+// newBench returns the benchmark of the flags, its CPUs chosen.
+func newBench(e *env, o options) *bench {
+	b := &bench{env: e, pin: choosePinning(!o.pin), duration: o.duration, warmup: o.warmup, keys: o.keys}
+	b.threads = o.threads
+	b.maxForeign, b.retries, b.quietWait = o.maxForeign, max(o.retries, 0), o.quietWait
 	if b.threads <= 0 {
 		b.threads = 1
 		if !b.pin.on() {
 			b.threads = max(1, len(allowedCPUs())/2)
 		}
 	}
-	m := describeMachine()
-	fmt.Fprintf(os.Stderr, "machine: %d CPUs (nproc %s), %s, %s, kernel %s, load average %s\n", m.NumCPU, m.Allowed, m.CPUModel, m.GoVersion, m.Kernel, m.LoadAvg)
-	fmt.Fprintf(os.Stderr, "pinning: %s\n", b.pin)
+	return b
+}
 
-	kl := fmt.Sprintf("%dk keys", *keys/1000)
-	if *keys%1000 != 0 {
-		kl = fmt.Sprintf("%d keys", *keys)
+// newScenarios returns the scenarios of the flags, in the order they run.
+func newScenarios(o options) []*scenario {
+	kl := fmt.Sprintf("%dk keys", o.keys/1000)
+	if o.keys%1000 != 0 {
+		kl = fmt.Sprintf("%d keys", o.keys)
 	}
-	b.scenarios = []*scenario{
-		{ID: "hot", Label: "hot key", Conns: *conns, Ref: "hot", Plain: true},
-		{ID: "keys", Label: kl, Keys: *keys, Conns: *conns, Ref: "keys", Plain: true},
-		{ID: "bare", Label: kl + ", headers none", Keys: *keys, Conns: *conns, Ref: "keys", NoHeaders: true},
-		{ID: "deny", Label: "hot key, most denied", Deny: true, Conns: *conns, Ref: "hot"},
+	scs := []*scenario{
+		{ID: "hot", Label: "hot key", Conns: o.conns, Ref: "hot", Plain: true},
+		{ID: "keys", Label: kl, Keys: o.keys, Conns: o.conns, Ref: "keys", Plain: true},
+		{ID: "bare", Label: kl + ", headers none", Keys: o.keys, Conns: o.conns, Ref: "keys", NoHeaders: true},
+		{ID: "deny", Label: "hot key, most denied", Deny: true, Conns: o.conns, Ref: "hot"},
 	}
-	if *latConns > 0 {
-		b.scenarios = append(b.scenarios, &scenario{ID: "light", Label: fmt.Sprintf("%s, %d conn", kl, *latConns), Keys: *keys, Conns: *latConns, Ref: "light", Plain: true})
+	if o.latConns > 0 {
+		scs = append(scs, &scenario{ID: "light", Label: fmt.Sprintf("%s, %d conn", kl, o.latConns), Keys: o.keys, Conns: o.latConns, Ref: "light", Plain: true})
 	}
+	return scs
+}
+
+// selectConfigs returns the configurations of the scenarios that -only
+// names (store/scenario separated by commas; empty: all).
+func (b *bench) selectConfigs(only string) []config {
 	want := map[string]bool{}
-	for spec := range strings.SplitSeq(*only, ",") {
+	for spec := range strings.SplitSeq(only, ",") {
 		if spec = strings.TrimSpace(spec); spec != "" {
 			want[spec] = true
 		}
 	}
+	var configs []config
 	for _, sc := range b.scenarios {
 		for _, st := range []string{"plain", "memory", "redis"} {
 			if st == "plain" && !sc.Plain || st == "redis" && sc.NoHeaders {
@@ -204,13 +276,16 @@ func main() {
 			if len(want) > 0 && !want[st+"/"+sc.ID] {
 				continue
 			}
-			b.configs = append(b.configs, config{Sc: sc, Store: st})
+			configs = append(configs, config{Sc: sc, Store: st})
 		}
 	}
-	if len(b.configs) == 0 {
-		e.Fatalf("-only %q matches no configuration", *only)
-	}
+	return configs
+}
 
+// start builds Caddy, writes the wrk script and starts redis-server on the
+// load CPU.
+func (b *bench) start() {
+	e := b.env
 	fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
 	bin, err := fleet.BuildCaddy(e.TempDir())
 	if err != nil {
@@ -226,32 +301,45 @@ func main() {
 	} else if err := b.pin.pinPID(b.pin.loadCPU, pid); err != nil {
 		e.Fatal(err)
 	}
-	per := b.warmup + b.duration + 3*time.Second
-	fmt.Fprintf(os.Stderr, "redis on %s; %d configurations x %d rounds, about %s\n", b.redis.Addr, len(b.configs), *rounds, (time.Duration(len(b.configs)**rounds) * per).Round(time.Second))
+}
 
+// runRounds measures every configuration once per round, round-robin, and
+// returns the samples by configuration name, in round order.
+func (b *bench) runRounds(rounds int) map[string][]*sample {
 	samples := make(map[string][]*sample)
-	for round := 1; round <= *rounds; round++ {
+	for round := 1; round <= rounds; round++ {
 		got := make(map[string]*sample)
 		for _, c := range b.configs {
 			s := b.measure(c, round)
 			got[c.Name()] = s
 			samples[c.Name()] = append(samples[c.Name()], s)
 		}
-		for _, c := range b.configs {
-			s := got[c.Name()]
-			ref := got[config{Sc: b.scenario(c.Sc.Ref), Store: "plain"}.Name()]
-			if ref != nil && ref.Wrk.RPS() > 0 {
-				s.Ratio = s.Wrk.RPS() / ref.Wrk.RPS()
-				if s.CaddyCPU > 0 && s.Wrk.Requests > 0 {
-					s.CPURatio = (ref.CaddyCPU.Seconds() / float64(ref.Wrk.Requests)) / (s.CaddyCPU.Seconds() / float64(s.Wrk.Requests))
-				}
-				s.P99Added = s.Wrk.P99 - ref.Wrk.P99
+		b.compare(got)
+	}
+	return samples
+}
+
+// compare sets each sample of one round against the reference plain run of
+// its scenario in the same round.
+func (b *bench) compare(got map[string]*sample) {
+	for _, c := range b.configs {
+		s := got[c.Name()]
+		ref := got[config{Sc: b.scenario(c.Sc.Ref), Store: "plain"}.Name()]
+		if ref != nil && ref.Wrk.RPS() > 0 {
+			s.Ratio = s.Wrk.RPS() / ref.Wrk.RPS()
+			if s.CaddyCPU > 0 && s.Wrk.Requests > 0 {
+				s.CPURatio = (ref.CaddyCPU.Seconds() / float64(ref.Wrk.Requests)) / (s.CaddyCPU.Seconds() / float64(s.Wrk.Requests))
 			}
+			s.P99Added = s.Wrk.P99 - ref.Wrk.P99
 		}
 	}
+}
 
+// profiles takes a CPU profile of each configuration -profile names
+// (store/scenario separated by commas), into the directory out.
+func (b *bench) profiles(specs, out string) []*profileResult {
 	var profs []*profileResult
-	for spec := range strings.SplitSeq(*profile, ",") {
+	for spec := range strings.SplitSeq(specs, ",") {
 		if spec = strings.TrimSpace(spec); spec == "" {
 			continue
 		}
@@ -261,31 +349,34 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench: -profile: no configuration %q\n", spec)
 			continue
 		}
-		if p := b.profile(config{Sc: sc, Store: st}, *out); p != nil {
+		if p := b.profile(config{Sc: sc, Store: st}, out); p != nil {
 			profs = append(profs, p)
 		}
 	}
+	return profs
+}
 
-	rep := &report{Machine: m, Pinning: b.pin.String(), Args: strings.Join(os.Args[1:], " "), Rounds: *rounds,
-		Duration: b.duration, Warmup: b.warmup, Threads: b.threads, MaxForeign: b.maxForeign, Retries: b.retries, Configs: b.configs, Samples: samples,
-		Profiles: profs}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+// writeResults writes results.md, chart.svg and results.json into the
+// directory out, and prints the summary.
+func writeResults(e *env, rep *report, out string) {
+	if err := os.MkdirAll(out, 0o755); err != nil {
 		e.Fatal(err)
 	}
 	md := rep.markdown()
-	if err := os.WriteFile(filepath.Join(*out, "results.md"), []byte(md), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(md), 0o644); err != nil {
 		e.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(*out, "chart.svg"), []byte(rep.svg()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(out, "chart.svg"), []byte(rep.svg()), 0o644); err != nil {
 		e.Fatal(err)
 	}
-	if err := rep.writeJSON(filepath.Join(*out, "results.json")); err != nil {
+	if err := rep.writeJSON(filepath.Join(out, "results.json")); err != nil {
 		e.Fatal(err)
 	}
 	fmt.Println(rep.summary())
-	fmt.Printf("Wrote %s, %s and %s.\n", filepath.Join(*out, "results.md"), filepath.Join(*out, "chart.svg"), filepath.Join(*out, "results.json"))
+	fmt.Printf("Wrote %s, %s and %s.\n", filepath.Join(out, "results.md"), filepath.Join(out, "chart.svg"), filepath.Join(out, "results.json"))
 }
 
+// scenario returns the scenario of an ID, or nil.
 func (b *bench) scenario(id string) *scenario {
 	for _, sc := range b.scenarios {
 		if sc.ID == id {
@@ -385,126 +476,183 @@ func (b *bench) waitQuiet() {
 func (b *bench) runOne(c config, round int) *sample {
 	e := b.env
 	s := &sample{Round: round}
+	onRedis := c.Store == "redis"
 	var memBefore int64
-	if c.Store == "redis" {
-		b.redis.MustDo("FLUSHALL")
-		in, err := readRedisInfo(b.redis)
-		if err != nil {
-			e.Fatal(err)
-		}
-		memBefore = in.UsedMemory
+	if onRedis {
+		memBefore = b.flushRedis()
 	}
 	// Redis runs have the admin endpoint on, for the decisions Caddy's
 	// metrics count; an idle endpoint costs the requests nothing.
-	proc := startCaddy(e, b.pin, b.bin, b.site(c), c.Store == "redis")
+	proc := startCaddy(e, b.pin, b.bin, b.site(c), onRedis)
 	if b.warmup > 0 {
 		if _, err := runWrk(b.pin, b.script, proc.URL, b.threads, c.Sc.Conns, c.Sc.Keys, b.warmup); err != nil {
 			e.Fatal(err)
 		}
 	}
-	var before redisInfo
-	var err error
-	if before, err = readRedisInfo(b.redis); err != nil {
-		e.Fatal(err)
-	}
-	var decided0 int64
-	if c.Store == "redis" {
-		b.redis.MustDo("CONFIG", "RESETSTAT")
-		if before, err = readRedisInfo(b.redis); err != nil {
-			e.Fatal(err)
-		}
-		if decided0, err = storeDecisions(proc.Admin); err != nil {
-			e.Fatal(err)
-		}
-	}
+	before, decided0 := b.redisBefore(proc, onRedis)
 	logAt := proc.logSize()
-	cpu0, err := cpuTime(proc.PID)
-	if err != nil {
-		e.Fatal(err)
-	}
-	statC0, err1 := readCPUStat(b.pin.caddyCPU)
-	statL0, err2 := readCPUStat(b.pin.loadCPU)
-	if err := errors.Join(err1, err2); err != nil {
-		e.Fatal(err)
-	}
+	cpu0 := b.readCPU(proc)
 	w, err := runWrk(b.pin, b.script, proc.URL, b.threads, c.Sc.Conns, c.Sc.Keys, b.duration)
 	if err != nil {
 		e.Fatal(err)
 	}
-	cpu1, err := cpuTime(proc.PID)
-	if err != nil {
-		e.Fatal(err)
-	}
-	statC1, err1 := readCPUStat(b.pin.caddyCPU)
-	statL1, err2 := readCPUStat(b.pin.loadCPU)
-	if err := errors.Join(err1, err2); err != nil {
-		e.Fatal(err)
-	}
-	s.Wrk, s.CaddyCPU = w, cpu1-cpu0
+	cpu1 := b.readCPU(proc)
+	s.Wrk, s.CaddyCPU = w, cpu1.caddy-cpu0.caddy
 	if s.RSSKB, err = procStatusKB(proc.PID, "VmHWM"); err != nil {
 		e.Fatal(err)
 	}
-	after, err := readRedisInfo(b.redis)
-	if err != nil {
-		e.Fatal(err)
-	}
-	var decided1 int64
-	if c.Store == "redis" {
-		if decided1, err = storeDecisions(proc.Admin); err != nil {
-			e.Fatal(err)
-		}
-	}
+	after, decided1 := b.redisAfter(proc, onRedis)
 	redisCPU := time.Duration((after.CPU - before.CPU) * float64(time.Second))
-	if c.Store == "redis" {
-		s.Redis = &redisSample{
-			Calls:     after.EvalshaCalls - before.EvalshaCalls,
-			Usec:      after.EvalshaUsec - before.EvalshaUsec,
-			Reads:     after.Reads - before.Reads,
-			CPU:       after.CPU - before.CPU,
-			Other:     after.OtherCalls - before.OtherCalls,
-			Decisions: decided1 - decided0,
-		}
-		for name, n := range after.Other {
-			if d := n - before.Other[name]; d > 0 {
-				s.Redis.OtherNames = append(s.Redis.OtherNames, fmt.Sprintf("%s %d", name, d))
-			}
-		}
-		sort.Strings(s.Redis.OtherNames)
+	if onRedis {
+		s.Redis = redisDelta(before, after, decided1-decided0)
 	}
-	// Other processes' CPU time on the benchmark's CPUs: each CPU's busy
-	// time less what Caddy, wrk and Redis used there.
-	s.StealPct = stealPct(statC0, statC1)
-	if b.pin.on() {
-		s.ForeignCaddy = busyPct(statC0, statC1) - 100*s.CaddyCPU.Seconds()/window(statC0, statC1)
-		s.ForeignLoad = busyPct(statL0, statL1) - 100*(w.CPU+redisCPU).Seconds()/window(statL0, statL1)
-	} else {
-		// The line of all CPUs: its window is the wall time times the CPUs.
-		s.ForeignCaddy = busyPct(statC0, statC1) - 100*(s.CaddyCPU+w.CPU+redisCPU).Seconds()/window(statC0, statC1)
-		s.ForeignLoad = s.ForeignCaddy
-	}
-	s.Foreign = max(s.ForeignCaddy, s.ForeignLoad, 0)
+	s.setForeign(b.pin, cpu0, cpu1, w.CPU+redisCPU)
 
 	proc.Stop() // closes Caddy's Redis connections, whose buffers would count as used memory
 	s.FailWarnings, s.FailTotal, s.FailError = proc.storeFailures(logAt)
 	var warmupErr string
 	s.WarmupFailures, _, warmupErr = proc.storeFailures(0)
 	s.WarmupFailures -= s.FailWarnings
-	if c.Store == "redis" && c.Sc.Keys > 0 {
-		in, err := readRedisInfo(b.redis)
-		if err != nil {
-			e.Fatal(err)
-		}
-		s.Redis.MemDelta = in.UsedMemory - memBefore
-		if s.Redis.DBSize, err = redisInt(b.redis, "DBSIZE"); err != nil {
-			e.Fatal(err)
-		}
-		if key, err := b.redis.Do("RANDOMKEY"); err == nil && key != "(nil)" {
-			s.Redis.SampleKey = key
-			s.Redis.KeyUsage, _ = redisInt(b.redis, "MEMORY", "USAGE", key, "SAMPLES", "0")
+	if onRedis && c.Sc.Keys > 0 {
+		b.readRedisMemory(s.Redis, memBefore)
+	}
+	printRun(c, s, warmupErr)
+	return s
+}
+
+// flushRedis empties Redis and returns its used_memory then, in bytes.
+func (b *bench) flushRedis() int64 {
+	b.redis.MustDo("FLUSHALL")
+	in, err := readRedisInfo(b.redis)
+	if err != nil {
+		b.env.Fatal(err)
+	}
+	return in.UsedMemory
+}
+
+// redisBefore reads Redis' counters before the measured load. On a Redis
+// run it resets them first (CONFIG RESETSTAT), and also returns how many
+// decisions proc has sent to Redis.
+func (b *bench) redisBefore(proc *caddyProc, onRedis bool) (redisInfo, int64) {
+	e := b.env
+	before, err := readRedisInfo(b.redis)
+	if err != nil {
+		e.Fatal(err)
+	}
+	if !onRedis {
+		return before, 0
+	}
+	b.redis.MustDo("CONFIG", "RESETSTAT")
+	if before, err = readRedisInfo(b.redis); err != nil {
+		e.Fatal(err)
+	}
+	decided, err := storeDecisions(proc.Admin)
+	if err != nil {
+		e.Fatal(err)
+	}
+	return before, decided
+}
+
+// redisAfter reads Redis' counters after the measured load and, on a Redis
+// run, how many decisions proc has sent to Redis.
+func (b *bench) redisAfter(proc *caddyProc, onRedis bool) (redisInfo, int64) {
+	after, err := readRedisInfo(b.redis)
+	if err != nil {
+		b.env.Fatal(err)
+	}
+	if !onRedis {
+		return after, 0
+	}
+	decided, err := storeDecisions(proc.Admin)
+	if err != nil {
+		b.env.Fatal(err)
+	}
+	return after, decided
+}
+
+// redisDelta is what Redis did between two readings, in which Caddy sent
+// it decided decisions.
+func redisDelta(before, after redisInfo, decided int64) *redisSample {
+	r := &redisSample{
+		Calls:     after.EvalshaCalls - before.EvalshaCalls,
+		Usec:      after.EvalshaUsec - before.EvalshaUsec,
+		Reads:     after.Reads - before.Reads,
+		CPU:       after.CPU - before.CPU,
+		Other:     after.OtherCalls - before.OtherCalls,
+		Decisions: decided,
+	}
+	for name, n := range after.Other {
+		if d := n - before.Other[name]; d > 0 {
+			r.OtherNames = append(r.OtherNames, fmt.Sprintf("%s %d", name, d))
 		}
 	}
+	sort.Strings(r.OtherNames)
+	return r
+}
+
+// cpuReading is what runOne reads of the CPUs on each side of the measured
+// load.
+type cpuReading struct {
+	caddy     time.Duration // Caddy's CPU time (user + system)
+	caddyStat cpuStat       // Caddy's CPU (all CPUs when not pinned)
+	loadStat  cpuStat       // the load CPU (all CPUs when not pinned)
+}
+
+// readCPU reads Caddy's CPU time and the benchmark's CPUs' lines of
+// /proc/stat.
+func (b *bench) readCPU(proc *caddyProc) cpuReading {
+	cpu, err := cpuTime(proc.PID)
+	if err != nil {
+		b.env.Fatal(err)
+	}
+	statC, err1 := readCPUStat(b.pin.caddyCPU)
+	statL, err2 := readCPUStat(b.pin.loadCPU)
+	if err := errors.Join(err1, err2); err != nil {
+		b.env.Fatal(err)
+	}
+	return cpuReading{caddy: cpu, caddyStat: statC, loadStat: statL}
+}
+
+// setForeign sets the steal and the other processes' CPU time on the
+// benchmark's CPUs between two readings: each CPU's busy time less what
+// Caddy (s.CaddyCPU) and the load (loadCPU: wrk and Redis) used there.
+func (s *sample) setForeign(pin pinning, r0, r1 cpuReading, loadCPU time.Duration) {
+	s.StealPct = stealPct(r0.caddyStat, r1.caddyStat)
+	if pin.on() {
+		s.ForeignCaddy = busyPct(r0.caddyStat, r1.caddyStat) - 100*s.CaddyCPU.Seconds()/window(r0.caddyStat, r1.caddyStat)
+		s.ForeignLoad = busyPct(r0.loadStat, r1.loadStat) - 100*loadCPU.Seconds()/window(r0.loadStat, r1.loadStat)
+	} else {
+		// The line of all CPUs: its window is the wall time times the CPUs.
+		s.ForeignCaddy = busyPct(r0.caddyStat, r1.caddyStat) - 100*(s.CaddyCPU+loadCPU).Seconds()/window(r0.caddyStat, r1.caddyStat)
+		s.ForeignLoad = s.ForeignCaddy
+	}
+	s.Foreign = max(s.ForeignCaddy, s.ForeignLoad, 0)
+}
+
+// readRedisMemory sets what the buckets of a run with many keys take in
+// Redis: the used_memory delta since memBefore (bytes), the keys, and
+// MEMORY USAGE of one at random.
+func (b *bench) readRedisMemory(r *redisSample, memBefore int64) {
+	e := b.env
+	in, err := readRedisInfo(b.redis)
+	if err != nil {
+		e.Fatal(err)
+	}
+	r.MemDelta = in.UsedMemory - memBefore
+	if r.DBSize, err = redisInt(b.redis, "DBSIZE"); err != nil {
+		e.Fatal(err)
+	}
+	if key, err := b.redis.Do("RANDOMKEY"); err == nil && key != "(nil)" {
+		r.SampleKey = key
+		r.KeyUsage, _ = redisInt(b.redis, "MEMORY", "USAGE", key, "SAMPLES", "0")
+	}
+}
+
+// printRun prints a run's line, and its warnings, to standard error.
+func printRun(c config, s *sample, warmupErr string) {
+	w := s.Wrk
 	fmt.Fprintf(os.Stderr, "round %d  %-32s %7.0f req/s  p50 %6.3f  p99 %6.3f  p99.9 %6.3f ms  non-2xx %5.1f%%  caddy %5.1f us/req  rss %5.1f MiB  foreign %3.0f%%/%3.0f%%  steal %3.1f%%%s\n",
-		round, c.Name(), w.RPS(), ms(w.P50), ms(w.P99), ms(w.P999), pct(w.Status, w.Requests),
+		s.Round, c.Name(), w.RPS(), ms(w.P50), ms(w.P99), ms(w.P999), pct(w.Status, w.Requests),
 		us(s.CaddyCPU)/float64(max(w.Requests, 1)), float64(s.RSSKB)/1024, s.ForeignCaddy, s.ForeignLoad, s.StealPct, redisLine(s))
 	if w.SockErrors > 0 {
 		fmt.Fprintf(os.Stderr, "         warning: %d socket errors or timeouts\n", w.SockErrors)
@@ -512,9 +660,10 @@ func (b *bench) runOne(c config, round int) *sample {
 	if s.WarmupFailures > 0 {
 		fmt.Fprintf(os.Stderr, "         note: %d store failure warnings at start-up or warm-up (not measured): %s\n", s.WarmupFailures, warmupErr)
 	}
-	return s
 }
 
+// redisLine is the Redis part of a run's line: per decision and per
+// request figures, memory, and store failures.
 func redisLine(s *sample) string {
 	r := s.Redis
 	if r == nil {

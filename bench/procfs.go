@@ -104,9 +104,9 @@ func allowedCPUs() []int {
 // generator and Redis on another. Empty CPU strings mean no pinning.
 type pinning struct {
 	taskset   string // path of taskset, when pinning
-	caddyCPU  string
-	loadCPU   string
-	reasonOff string
+	caddyCPU  string // Caddy's CPU number, as taskset takes it
+	loadCPU   string // the CPU number of wrk and redis-server
+	reasonOff string // why nothing is pinned, when it is not
 }
 
 func choosePinning(disabled bool) pinning {
@@ -156,13 +156,13 @@ func (p pinning) String() string {
 // machine describes the host for the report.
 type machine struct {
 	NumCPU    int
-	Allowed   string
+	Allowed   string // the CPUs the benchmark may use, from nproc
 	CPUModel  string
 	GoVersion string
 	Kernel    string
-	LoadAvg   string
-	Wrk       string
-	Redis     string
+	LoadAvg   string // the 1, 5 and 15 minute load averages at start
+	Wrk       string // wrk's version
+	Redis     string // redis-server's version
 	Code      string // the commit measured, and whether the tree had changes
 }
 
@@ -212,7 +212,9 @@ func describeMachine() machine {
 
 // cpuStat is one CPU's line of /proc/stat, in clock ticks.
 type cpuStat struct {
-	idle, steal, total int64
+	idle  int64 // idle and iowait
+	steal int64
+	total int64 // all of user, nice, system, idle, iowait, irq, softirq, steal
 }
 
 // readCPUStat reads the line of one CPU ("0", "1", ...) or, for "", of all

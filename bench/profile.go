@@ -15,11 +15,11 @@ const profileSeconds = 10
 
 // profileResult is a CPU profile of Caddy under load on Redis.
 type profileResult struct {
-	Config  string
-	Path    string // the profile, for go tool pprof
-	TopPath string // go tool pprof -top, flat and cumulative
-	Top     string
-	RPS     float64
+	Config  string  // the configuration's name
+	Path    string  // the profile, for go tool pprof
+	TopPath string  // go tool pprof -top, flat and cumulative
+	Top     string  // what TopPath holds
+	RPS     float64 // requests per second while profiled
 }
 
 // profile loads a fresh Caddy of one configuration, its admin endpoint on,

@@ -9,15 +9,15 @@ import (
 
 // redisInfo is the part of INFO the report needs.
 type redisInfo struct {
-	EvalshaCalls int64
-	EvalshaUsec  int64
+	EvalshaCalls int64 // cmdstat_evalsha calls
+	EvalshaUsec  int64 // cmdstat_evalsha usec: server time, microseconds
 	// OtherCalls counts every other command but the harness' own
-	// (INFO, CONFIG, FLUSHALL, DBSIZE, RANDOMKEY, MEMORY); Other names them.
+	// (INFO, CONFIG, FLUSHALL, DBSIZE, RANDOMKEY, MEMORY).
 	OtherCalls int64
-	Other      map[string]int64
-	Reads      int64   // total_reads_processed: read events, one per round trip
-	CPU        float64 // used_cpu_user + used_cpu_sys, seconds
-	UsedMemory int64
+	Other      map[string]int64 // OtherCalls by command name
+	Reads      int64            // total_reads_processed: read events, one per round trip
+	CPU        float64          // used_cpu_user + used_cpu_sys, seconds
+	UsedMemory int64            // used_memory, bytes
 }
 
 // harnessCommands are the commands the harness itself sends.

@@ -10,19 +10,21 @@ import (
 	"time"
 )
 
+// report is a benchmark's results and how they were measured.
 type report struct {
 	Machine  machine
-	Pinning  string
-	Args     string
+	Pinning  string // how the processes were pinned, as printed
+	Args     string // the command line's arguments
 	Rounds   int
-	Duration time.Duration
-	Warmup   time.Duration
-	Threads  int
-	// MaxForeign and Retries are the disturbance threshold and repeats.
+	Duration time.Duration // measured load per configuration and round
+	Warmup   time.Duration // unmeasured load before each measurement
+	Threads  int           // wrk threads
+	// MaxForeign is the disturbance threshold: the percent of a benchmark
+	// CPU other processes may use before a run is repeated.
 	MaxForeign float64
-	Retries    int
-	Configs    []config
-	Samples    map[string][]*sample
+	Retries    int                  // repeats of a disturbed run at most
+	Configs    []config             // in the order they ran
+	Samples    map[string][]*sample // by configuration name, one per round
 	Profiles   []*profileResult
 }
 
@@ -408,112 +410,168 @@ func (r *report) writeJSON(path string) error {
 	return os.WriteFile(path, b, 0o644)
 }
 
+// chartBar is one bar of the chart: a configuration's median throughput.
+type chartBar struct {
+	label string
+	rps   float64 // median requests per second
+	ratio string  // median ratio to the group's plain Caddy, e.g. "1.00x"; "" when unknown
+	color string
+}
+
+// chartGroup is the bars of one load: its plain Caddy reference first, then
+// the stores.
+type chartGroup struct {
+	label string // the load, without its connections
+	sub   string // its connections, e.g. "50 connections"
+	bars  []chartBar
+}
+
+// chartColors is the color of each store's bars.
+var chartColors = map[string]string{"plain": "#9e9e9e", "memory": "#4c78a8", "redis": "#e45756"}
+
+// The chart's layout, in pixels: margins around the plot, the bars and the
+// gaps between them, and the plot's height.
+const (
+	chartLeft, chartRight, chartTop, chartBottom = 70.0, 20.0, 60.0, 85.0
+	barW, barGap, groupGap                       = 50.0, 6.0, 50.0
+	plotH                                        = 320.0
+)
+
+// chart is the scale and size of one drawing.
+type chart struct {
+	top    float64 // requests per second at the top of the plot
+	step   float64 // requests per second between grid lines
+	width  float64 // pixels
+	height float64 // pixels
+}
+
 // svg draws grouped bars: requests per second per configuration, one group
 // per load, plain Caddy first in each group as the reference, with the ratio
 // to it above every bar.
 func (r *report) svg() string {
-	type bar struct {
-		label string
-		rps   float64
-		ratio string
-		color string
-	}
-	type group struct {
-		label, sub string
-		bars       []bar
-	}
-	colors := map[string]string{"plain": "#9e9e9e", "memory": "#4c78a8", "redis": "#e45756"}
-	rpsCol := columns[0]
-	var groups []group
+	groups := r.chartGroups()
+	ch := newChart(groups)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", ch.width, ch.height, ch.width, ch.height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="15" font-weight="bold">rate_limit: requests per second</text>`+"\n", chartLeft)
+	fmt.Fprintf(&b, `<text x="%.0f" y="38" fill="#333">median of %d rounds; above each bar the median ratio to plain Caddy in the same round</text>`+"\n", chartLeft, r.Rounds)
+	ch.writeGrid(&b)
+	ch.writeBars(&b, groups)
+	ch.writeLegend(&b, groups)
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// chartGroups returns the chart's groups, one per load in the order of the
+// configurations.
+func (r *report) chartGroups() []chartGroup {
+	var groups []chartGroup
 	seen := map[string]bool{}
 	for _, c := range r.Configs {
 		if seen[c.Sc.ID] {
 			continue
 		}
 		seen[c.Sc.ID] = true
-		conns := fmt.Sprintf("%d connections", c.Sc.Conns)
-		if c.Sc.Conns == 1 {
-			conns = "1 connection"
-		}
-		g := group{label: strings.TrimSuffix(c.Sc.Label, fmt.Sprintf(", %d conn", c.Sc.Conns)), sub: conns}
-		if ref, ok := r.find("plain", c.Sc.Ref); ok {
-			v, _ := r.med(ref, rpsCol)
-			label := "plain"
-			if c.Sc.Ref != c.Sc.ID {
-				label = "plain (" + ref.Sc.Label + ")"
-			}
-			g.bars = append(g.bars, bar{label: label, rps: v, ratio: "1.00x", color: colors["plain"]})
-		}
-		for _, st := range []string{"memory", "redis"} {
-			if cc, ok := r.find(st, c.Sc.ID); ok {
-				v, _ := r.med(cc, rpsCol)
-				ratio := ""
-				if x, ok := r.med(cc, columns[1]); ok {
-					ratio = fmt.Sprintf("%.2fx", x)
-				}
-				g.bars = append(g.bars, bar{label: st, rps: v, ratio: ratio, color: colors[st]})
-			}
-		}
-		groups = append(groups, g)
+		groups = append(groups, r.chartGroup(c.Sc))
 	}
+	return groups
+}
+
+// chartGroup returns the bars of the load sc: its reference plain run and
+// each store's.
+func (r *report) chartGroup(sc *scenario) chartGroup {
+	rpsCol := columns[0]
+	conns := fmt.Sprintf("%d connections", sc.Conns)
+	if sc.Conns == 1 {
+		conns = "1 connection"
+	}
+	g := chartGroup{label: strings.TrimSuffix(sc.Label, fmt.Sprintf(", %d conn", sc.Conns)), sub: conns}
+	if ref, ok := r.find("plain", sc.Ref); ok {
+		v, _ := r.med(ref, rpsCol)
+		label := "plain"
+		if sc.Ref != sc.ID {
+			label = "plain (" + ref.Sc.Label + ")"
+		}
+		g.bars = append(g.bars, chartBar{label: label, rps: v, ratio: "1.00x", color: chartColors["plain"]})
+	}
+	for _, st := range []string{"memory", "redis"} {
+		if cc, ok := r.find(st, sc.ID); ok {
+			v, _ := r.med(cc, rpsCol)
+			ratio := ""
+			if x, ok := r.med(cc, columns[1]); ok {
+				ratio = fmt.Sprintf("%.2fx", x)
+			}
+			g.bars = append(g.bars, chartBar{label: st, rps: v, ratio: ratio, color: chartColors[st]})
+		}
+	}
+	return g
+}
+
+// newChart scales the chart to the highest bar and sizes it to the bars.
+func newChart(groups []chartGroup) *chart {
 	maxRPS := 1.0
 	for _, g := range groups {
 		for _, b := range g.bars {
 			maxRPS = max(maxRPS, b.rps)
 		}
 	}
-	step := niceStep(maxRPS / 5)
-	top := math.Ceil(maxRPS/step) * step
-
-	const (
-		left, right, topM, bottom = 70.0, 20.0, 60.0, 85.0
-		barW, barGap, groupGap    = 50.0, 6.0, 50.0
-		plotH                     = 320.0
-	)
-	width := left + right
+	ch := &chart{step: niceStep(maxRPS / 5)}
+	ch.top = math.Ceil(maxRPS/ch.step) * ch.step
+	ch.width = chartLeft + chartRight
 	for _, g := range groups {
-		width += float64(len(g.bars))*(barW+barGap) + groupGap
+		ch.width += float64(len(g.bars))*(barW+barGap) + groupGap
 	}
-	width = max(width, 720)
-	height := topM + plotH + bottom
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="15" font-weight="bold">rate_limit: requests per second</text>`+"\n", left)
-	fmt.Fprintf(&b, `<text x="%.0f" y="38" fill="#333">median of %d rounds; above each bar the median ratio to plain Caddy in the same round</text>`+"\n", left, r.Rounds)
-	y := func(v float64) float64 { return topM + plotH - plotH*v/top }
-	for v := 0.0; v <= top+step/2; v += step {
-		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", left, width-right, y(v), y(v))
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end" fill="#555">%s</text>`+"\n", left-6, y(v)+4, kilo(v))
+	ch.width = max(ch.width, 720)
+	ch.height = chartTop + plotH + chartBottom
+	return ch
+}
+
+// y is the vertical position of v requests per second.
+func (ch *chart) y(v float64) float64 { return chartTop + plotH - plotH*v/ch.top }
+
+// writeGrid draws the horizontal grid lines and their labels.
+func (ch *chart) writeGrid(b *strings.Builder) {
+	for v := 0.0; v <= ch.top+ch.step/2; v += ch.step {
+		fmt.Fprintf(b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", chartLeft, ch.width-chartRight, ch.y(v), ch.y(v))
+		fmt.Fprintf(b, `<text x="%.0f" y="%.1f" text-anchor="end" fill="#555">%s</text>`+"\n", chartLeft-6, ch.y(v)+4, kilo(v))
 	}
-	x := left + groupGap/2
+}
+
+// writeBars draws the groups' bars, each with its value and ratio above
+// and its label below, and each group's label under its bars.
+func (ch *chart) writeBars(b *strings.Builder, groups []chartGroup) {
+	x := chartLeft + groupGap/2
 	for _, g := range groups {
 		gx := x
 		for _, bb := range g.bars {
-			h := plotH * bb.rps / top
-			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="%s"><title>%s: %.0f req/s</title></rect>`+"\n", x, y(bb.rps), barW, h, bb.color, bb.label, bb.rps)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11">%s</text>`+"\n", x+barW/2, y(bb.rps)-16, kilo(bb.rps))
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" font-weight="bold">%s</text>`+"\n", x+barW/2, y(bb.rps)-4, bb.ratio)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#333">%s</text>`+"\n", x+barW/2, topM+plotH+14, shortLabel(bb.label))
+			h := plotH * bb.rps / ch.top
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="%s"><title>%s: %.0f req/s</title></rect>`+"\n", x, ch.y(bb.rps), barW, h, bb.color, bb.label, bb.rps)
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11">%s</text>`+"\n", x+barW/2, ch.y(bb.rps)-16, kilo(bb.rps))
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" font-weight="bold">%s</text>`+"\n", x+barW/2, ch.y(bb.rps)-4, bb.ratio)
+			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#333">%s</text>`+"\n", x+barW/2, chartTop+plotH+14, shortLabel(bb.label))
 			x += barW + barGap
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-weight="bold">%s</text>`+"\n", (gx+x-barGap)/2, topM+plotH+32, g.label)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#333">%s</text>`+"\n", (gx+x-barGap)/2, topM+plotH+47, g.sub)
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-weight="bold">%s</text>`+"\n", (gx+x-barGap)/2, chartTop+plotH+32, g.label)
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#333">%s</text>`+"\n", (gx+x-barGap)/2, chartTop+plotH+47, g.sub)
 		x += groupGap
 	}
-	lx := left
+}
+
+// writeLegend draws the stores' colors, and what plain* stands for when a
+// group's reference is another load's plain run.
+func (ch *chart) writeLegend(b *strings.Builder, groups []chartGroup) {
+	lx := chartLeft
 	for _, st := range []string{"plain", "memory", "redis"} {
-		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="12" height="12" fill="%s"/><text x="%.0f" y="%.0f">%s</text>`+"\n", lx, height-22, colors[st], lx+16, height-12, st)
+		fmt.Fprintf(b, `<rect x="%.0f" y="%.0f" width="12" height="12" fill="%s"/><text x="%.0f" y="%.0f">%s</text>`+"\n", lx, ch.height-22, chartColors[st], lx+16, ch.height-12, st)
 		lx += 90
 	}
 	for _, g := range groups {
 		if len(g.bars) > 0 && strings.HasPrefix(g.bars[0].label, "plain (") {
-			fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="#333">plain* = %s, the reference of that group</text>`+"\n", lx, height-12, g.bars[0].label)
+			fmt.Fprintf(b, `<text x="%.0f" y="%.0f" fill="#333">plain* = %s, the reference of that group</text>`+"\n", lx, ch.height-12, g.bars[0].label)
 			break
 		}
 	}
-	b.WriteString("</svg>\n")
-	return b.String()
 }
 
 func shortLabel(s string) string {

@@ -55,12 +55,14 @@ end
 // wrkResult is what one wrk run reports.
 type wrkResult struct {
 	Requests   int64
-	Duration   time.Duration
-	Status     int64 // responses other than 2xx and 3xx
-	SockErrors int64 // connect, read, write errors and timeouts
-	P50, P99   time.Duration
-	P999, Mean time.Duration
-	Max        time.Duration
+	Duration   time.Duration // the load's wall time, as wrk measured it
+	Status     int64         // responses other than 2xx and 3xx
+	SockErrors int64         // connect, read, write errors and timeouts
+	P50        time.Duration // latency, median
+	P99        time.Duration // latency, 99th percentile
+	P999       time.Duration // latency, 99.9th percentile
+	Mean       time.Duration // latency, mean
+	Max        time.Duration // latency, highest
 	CPU        time.Duration // wrk's own CPU time
 }
 

@@ -51,7 +51,11 @@ var fleetOutcomeCode = [NumOutcomes]string{
 // FleetReport is one node's decision counts in one zone since its previous
 // report, indexed by Outcome.
 type FleetReport struct {
-	Zone   string
+	// Zone is the name of the zone the counts are of.
+	Zone string
+	// Counts holds how many decisions of each Outcome the node made in
+	// the zone since its previous report (requests, not tokens), indexed
+	// by Outcome; zero counts are not written to Redis.
 	Counts [NumOutcomes]int64
 }
 

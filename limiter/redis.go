@@ -26,15 +26,27 @@ type RedisOptions struct {
 	Addresses []string
 	// Cluster selects Redis Cluster even with a single seed address.
 	Cluster bool
-	// SentinelMaster is the name of the master that Sentinel monitors;
-	// SentinelAddresses are the sentinels' host:port.
-	SentinelMaster    string
+	// SentinelMaster is the name of the master that Sentinel monitors.
+	// Setting it selects Sentinel: the store then asks the sentinels for
+	// the master, and Address and Addresses must be empty. Default "": no
+	// Sentinel.
+	SentinelMaster string
+	// SentinelAddresses are the sentinels' host:port; at least one is
+	// required when SentinelMaster is set.
 	SentinelAddresses []string
-	// SentinelUsername and SentinelPassword authenticate to the sentinels.
+	// SentinelUsername is the ACL user to authenticate to the sentinels
+	// as. Default "": the sentinels' default user.
 	SentinelUsername string
+	// SentinelPassword authenticates to the sentinels (with
+	// SentinelUsername, or alone as their requirepass). It is for the
+	// sentinels only: the master takes Password. Default "": no AUTH.
 	SentinelPassword string
-	// Username and Password authenticate (ACL user, or password alone).
+	// Username is the ACL user to authenticate to the Redis servers as.
+	// Default "": the default user.
 	Username string
+	// Password authenticates to the Redis servers (the master, under
+	// Sentinel): with Username an ACL user's password, alone the
+	// requirepass. Default "": no AUTH.
 	Password string
 	// DB is the database number (not in Cluster mode).
 	DB int

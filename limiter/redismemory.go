@@ -37,8 +37,11 @@ type ServerMemory struct {
 type RedisMemory struct {
 	// Servers holds one reading per server, ordered by address.
 	Servers []ServerMemory
-	// UsedMemory and EvictedKeys are the sums over Servers.
-	UsedMemory  int64
+	// UsedMemory is the sum of the servers' used_memory, in bytes.
+	UsedMemory int64
+	// EvictedKeys is the sum of the servers' evicted_keys: how many keys,
+	// in all, they have evicted since each started (or since CONFIG
+	// RESETSTAT). A count, not a rate; 0 when none has evicted a key.
 	EvictedKeys int64
 	// MaxMemory is the sum of the servers' maxmemory, or 0 (no limit) when
 	// any server has none.

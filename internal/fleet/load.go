@@ -16,11 +16,16 @@ import (
 // Bucket is one shared bucket of the fleet's configuration: a zone's rule
 // and one client key in it. It is what the exact bound is computed for.
 type Bucket struct {
-	// Zone and Key name the bucket.
-	Zone, Key string
-	// Rate tokens per Per, at most Burst at once: the zone's rule.
-	Rate  int64
-	Per   time.Duration
+	// Zone is the name of the zone whose rule the bucket follows.
+	Zone string
+	// Key names the client key the bucket is for (a single name for a
+	// zone every client shares); it labels the bucket in reports.
+	Key string
+	// Rate is how many tokens the bucket gains every Per.
+	Rate int64
+	// Per is the period Rate is counted over.
+	Per time.Duration
+	// Burst is the most tokens the bucket holds, and what it starts with.
 	Burst int64
 	// Saturated means demand exceeds supply throughout the run, so the
 	// fleet must admit at least 98% of the bound (no over-denial).
@@ -32,8 +37,9 @@ type Bucket struct {
 type Target struct {
 	// Name labels the target in reports.
 	Name string
-	// Path is the request path; Headers are "Name: value" pairs.
-	Path    string
+	// Path is the request path, appended to a node's URL.
+	Path string
+	// Headers are the request's extra headers, "Name: value" each.
 	Headers []string
 	// Cost is the tokens an admitted request takes from each bucket.
 	Cost int64
@@ -44,10 +50,18 @@ type Target struct {
 // Load is a run: connections spread evenly over the nodes, each sending the
 // targets in turn as fast as answers come back, for Duration.
 type Load struct {
-	Nodes       []*Node
-	Targets     []*Target
+	// Nodes are the nodes the connections go to: connection c to node
+	// c mod len(Nodes).
+	Nodes []*Node
+	// Targets are the requests each connection sends in turn, connection
+	// c starting with the c-th.
+	Targets []*Target
+	// Connections is how many keep-alive connections send at once, each
+	// one request at a time.
 	Connections int
-	Duration    time.Duration
+	// Duration is how long the load runs; requests in flight at its end
+	// that fail are not counted.
+	Duration time.Duration
 	// During, if set, is called every 100ms with the time since the start;
 	// it lets a test act (reload, pause Redis) during the load.
 	During func(elapsed time.Duration)
@@ -55,9 +69,14 @@ type Load struct {
 
 // TargetStats is what happened to one target's requests.
 type TargetStats struct {
+	// Requests counts the requests answered (or failed) during the run,
+	// whatever the answer; a retried request counts once.
 	Requests int64
-	Admitted int64 // admitted requests
-	Tokens   int64 // tokens of admitted requests
+	// Admitted counts the requests admitted (200 with rate limit fields).
+	Admitted int64
+	// Tokens is the tokens the admitted requests took: Admitted times the
+	// target's Cost.
+	Tokens int64
 	// DeniedBy counts 429s by the zone that denied (from the body).
 	DeniedBy map[string]int64
 	// FailedOpen counts requests that passed because the store failed
@@ -67,182 +86,290 @@ type TargetStats struct {
 	// keep-alive connection as they went out.
 	Retried int64
 	// Errors counts anything but 200 and 429, and transport errors.
-	Errors     int64
+	Errors int64
+	// ErrorKinds counts Errors by kind: the transport error's text, or
+	// "status N".
 	ErrorKinds map[string]int64
-	// PerNode is the tokens admitted through each node.
+	// PerNode is the tokens admitted through each node, indexed like
+	// Load.Nodes.
 	PerNode []int64
-	// First is when the first request was sent, Last when the last answer
-	// came back: a window that contains every decision. FirstAnswer and
-	// LastSent bound a window that every decision's window contains.
-	First, Last           time.Time
-	FirstAnswer, LastSent time.Time
+	// First is when the first request was sent: with Last, a window that
+	// contains every decision.
+	First time.Time
+	// Last is when the last answer came back.
+	Last time.Time
+	// FirstAnswer is when the first answer came back: with LastSent, a
+	// window that every decision's window contains.
+	FirstAnswer time.Time
+	// LastSent is when the last request was sent.
+	LastSent time.Time
 }
 
 // BucketStats is a bucket's admitted total against its exact bound.
 type BucketStats struct {
-	Bucket  *Bucket
-	Tokens  int64   // tokens admitted from this bucket
-	Elapsed float64 // seconds from the first request to the last answer
-	Bound   float64 // Burst + Rate x Elapsed / Per
-	Ratio   float64 // Tokens / Bound
+	// Bucket is the bucket the stats are of.
+	Bucket *Bucket
+	// Tokens is the tokens admitted from this bucket, over every target
+	// that draws from it.
+	Tokens int64
+	// Elapsed is the seconds from the first request sent to the last
+	// answer, over those targets.
+	Elapsed float64
+	// Bound is the most tokens the bucket may admit in that time:
+	// Burst + Rate x Elapsed / Per.
+	Bound float64
+	// Ratio is Tokens / Bound: at most 1 when the bound holds.
+	Ratio float64
 	// Reachable is what a fleet without any over-denial must at least
 	// admit: the bound over the narrow window (first answer to last
 	// request sent), in whole requests of the bucket's largest cost.
 	Reachable float64
-	PerNode   []int64
-	Requests  int64
+	// PerNode is the tokens admitted from this bucket through each node,
+	// indexed like Load.Nodes.
+	PerNode []int64
+	// Requests counts the requests of the targets that draw from this
+	// bucket, admitted or not.
+	Requests int64
 }
 
 // Report is the result of a run.
 type Report struct {
-	Nodes    int
+	// Nodes is how many nodes the load went to.
+	Nodes int
+	// Duration is how long the run took, from the start to the last
+	// connection's end.
 	Duration time.Duration
-	Targets  map[*Target]*TargetStats
-	Buckets  []*BucketStats
+	// Targets is what happened to each target's requests; a target that
+	// sent none may be missing.
+	Targets map[*Target]*TargetStats
+	// Buckets are the buckets of the targets, in the order the targets
+	// first name them.
+	Buckets []*BucketStats
 }
 
 // Run drives the load and returns what the fleet admitted.
 func Run(ctx context.Context, l Load) *Report {
-	type local struct{ stats map[*Target]*TargetStats }
 	ctx, cancel := context.WithTimeout(ctx, l.Duration)
 	defer cancel()
 	start := time.Now()
-	locals := make([]local, l.Connections)
+	locals := make([]map[*Target]*TargetStats, l.Connections)
 	var wg sync.WaitGroup
 	for c := range l.Connections {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodeIdx := c % len(l.Nodes)
-			node := l.Nodes[nodeIdx]
-			tr := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1, DisableCompression: true}
-			defer tr.CloseIdleConnections()
-			cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-			st := map[*Target]*TargetStats{}
-			locals[c] = local{stats: st}
-			for i := c; ctx.Err() == nil; i++ {
-				t := l.Targets[i%len(l.Targets)]
-				s := st[t]
-				if s == nil {
-					s = &TargetStats{DeniedBy: map[string]int64{}, ErrorKinds: map[string]int64{}, PerNode: make([]int64, len(l.Nodes))}
-					st[t] = s
-				}
-				sent := time.Now()
-				status, limited, body, err := send(cl, node.URL+t.Path, t.Headers)
-				if err != nil && closedIdle(err) {
-					// The node closed this keep-alive connection just as
-					// the request went out (a reload shuts the old server's
-					// idle connections, and a request already in flight on
-					// one is reset unread). Like browsers, retry a GET once
-					// on a fresh connection, and count it.
-					s.Retried++
-					status, limited, body, err = send(cl, node.URL+t.Path, t.Headers)
-				}
-				if ctx.Err() != nil && err != nil {
-					break // the run ended while this request was in flight
-				}
-				if s.First.IsZero() || sent.Before(s.First) {
-					s.First = sent
-				}
-				s.Last = time.Now()
-				s.LastSent = sent
-				if s.FirstAnswer.IsZero() {
-					s.FirstAnswer = s.Last
-				}
-				s.Requests++
-				switch {
-				case err != nil:
-					s.Errors++
-					s.ErrorKinds[err.Error()]++
-				case status == http.StatusOK && !limited:
-					s.FailedOpen++
-				case status == http.StatusOK:
-					s.Admitted++
-					s.Tokens += t.Cost
-					s.PerNode[nodeIdx] += t.Cost
-				case status == http.StatusTooManyRequests:
-					s.DeniedBy[strings.TrimSpace(body)]++
-				default:
-					s.Errors++
-					s.ErrorKinds["status "+strconv.Itoa(status)]++
-				}
-			}
+			locals[c] = runConnection(ctx, &l, c)
 		}()
 	}
 	if l.During != nil {
-		tick := time.NewTicker(100 * time.Millisecond)
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				break loop
-			case <-tick.C:
-				l.During(time.Since(start))
-			}
-		}
-		tick.Stop()
+		callDuring(ctx, l.During, start)
 	}
 	wg.Wait()
 
-	rep := &Report{Nodes: len(l.Nodes), Duration: time.Since(start), Targets: map[*Target]*TargetStats{}}
-	for _, loc := range locals {
-		for t, s := range loc.stats {
-			m := rep.Targets[t]
+	rep := &Report{Nodes: len(l.Nodes), Duration: time.Since(start), Targets: mergeTargets(locals, len(l.Nodes))}
+	rep.Buckets = bucketStats(l.Targets, rep.Targets, len(l.Nodes))
+	return rep
+}
+
+// runConnection is connection c of the load: over one keep-alive
+// connection to node c mod len(Nodes), it sends the targets in turn,
+// starting with the c-th, until ctx ends, and returns what happened to
+// each target's requests.
+func runConnection(ctx context.Context, l *Load, c int) map[*Target]*TargetStats {
+	nodeIdx := c % len(l.Nodes)
+	node := l.Nodes[nodeIdx]
+	tr := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	st := map[*Target]*TargetStats{}
+	for i := c; ctx.Err() == nil; i++ {
+		t := l.Targets[i%len(l.Targets)]
+		s := st[t]
+		if s == nil {
+			s = newTargetStats(len(l.Nodes))
+			st[t] = s
+		}
+		sent := time.Now()
+		a := sendRetrying(cl, node.URL+t.Path, t.Headers, s)
+		if ctx.Err() != nil && a.err != nil {
+			break // the run ended while this request was in flight
+		}
+		s.record(a, sent, t.Cost, nodeIdx)
+	}
+	return st
+}
+
+// newTargetStats returns empty stats for a load over nodes nodes.
+func newTargetStats(nodes int) *TargetStats {
+	return &TargetStats{DeniedBy: map[string]int64{}, ErrorKinds: map[string]int64{}, PerNode: make([]int64, nodes)}
+}
+
+// answer is what send returns of one request.
+type answer struct {
+	status  int
+	limited bool // the response carries rate limit fields
+	body    string
+	err     error
+}
+
+// sendRetrying sends one request like send, and once more when the node
+// reset the connection as it went out, counting the retry in s.
+func sendRetrying(cl *http.Client, url string, headers []string, s *TargetStats) answer {
+	var a answer
+	a.status, a.limited, a.body, a.err = send(cl, url, headers)
+	if a.err != nil && closedIdle(a.err) {
+		// The node closed this keep-alive connection just as the
+		// request went out (a reload shuts the old server's idle
+		// connections, and a request already in flight on one is reset
+		// unread). Like browsers, retry a GET once on a fresh
+		// connection, and count it.
+		s.Retried++
+		a.status, a.limited, a.body, a.err = send(cl, url, headers)
+	}
+	return a
+}
+
+// record counts in s the answer to a request of cost tokens sent at sent
+// through node nodeIdx, and widens s's windows to it.
+func (s *TargetStats) record(a answer, sent time.Time, cost int64, nodeIdx int) {
+	if s.First.IsZero() || sent.Before(s.First) {
+		s.First = sent
+	}
+	s.Last = time.Now()
+	s.LastSent = sent
+	if s.FirstAnswer.IsZero() {
+		s.FirstAnswer = s.Last
+	}
+	s.Requests++
+	switch {
+	case a.err != nil:
+		s.Errors++
+		s.ErrorKinds[a.err.Error()]++
+	case a.status == http.StatusOK && !a.limited:
+		s.FailedOpen++
+	case a.status == http.StatusOK:
+		s.Admitted++
+		s.Tokens += cost
+		s.PerNode[nodeIdx] += cost
+	case a.status == http.StatusTooManyRequests:
+		s.DeniedBy[strings.TrimSpace(a.body)]++
+	default:
+		s.Errors++
+		s.ErrorKinds["status "+strconv.Itoa(a.status)]++
+	}
+}
+
+// callDuring calls during every 100ms with the time since start, until ctx
+// ends.
+func callDuring(ctx context.Context, during func(elapsed time.Duration), start time.Time) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			during(time.Since(start))
+		}
+	}
+}
+
+// mergeTargets adds up the connections' stats per target.
+func mergeTargets(locals []map[*Target]*TargetStats, nodes int) map[*Target]*TargetStats {
+	out := map[*Target]*TargetStats{}
+	for _, st := range locals {
+		for t, s := range st {
+			m := out[t]
 			if m == nil {
-				m = &TargetStats{DeniedBy: map[string]int64{}, ErrorKinds: map[string]int64{}, PerNode: make([]int64, len(l.Nodes))}
-				rep.Targets[t] = m
+				m = newTargetStats(nodes)
+				out[t] = m
 			}
 			m.merge(s)
 		}
 	}
-	seen := map[*Bucket]*BucketStats{}
-	first, last := map[*Bucket]time.Time{}, map[*Bucket]time.Time{}
-	firstAnswer, lastSent := map[*Bucket]time.Time{}, map[*Bucket]time.Time{}
-	maxCost := map[*Bucket]int64{}
-	for _, t := range l.Targets {
-		s := rep.Targets[t]
+	return out
+}
+
+// bucketTally gathers one bucket's stats from the targets that draw from
+// it, and the windows its bound is computed over.
+type bucketTally struct {
+	stats *BucketStats
+	// first and last bound the wide window: the earliest request sent
+	// and the latest answer.
+	first, last time.Time
+	// firstAnswer and lastSent bound the narrow window: the earliest
+	// answer and the latest request sent.
+	firstAnswer, lastSent time.Time
+	maxCost               int64 // the largest cost of a target, in tokens
+}
+
+// bucketStats computes the stats of every bucket of targets, in the order
+// the targets first name them, from the targets' stats.
+func bucketStats(targets []*Target, stats map[*Target]*TargetStats, nodes int) []*BucketStats {
+	tallies := map[*Bucket]*bucketTally{}
+	var order []*bucketTally
+	for _, t := range targets {
+		s := stats[t]
 		if s == nil {
 			continue
 		}
 		for _, b := range t.Buckets {
-			bs := seen[b]
-			if bs == nil {
-				bs = &BucketStats{Bucket: b, PerNode: make([]int64, len(l.Nodes))}
-				seen[b] = bs
-				rep.Buckets = append(rep.Buckets, bs)
+			bt := tallies[b]
+			if bt == nil {
+				bt = &bucketTally{
+					stats: &BucketStats{Bucket: b, PerNode: make([]int64, nodes)},
+					first: s.First, firstAnswer: s.FirstAnswer,
+				}
+				tallies[b] = bt
+				order = append(order, bt)
 			}
-			bs.Tokens += s.Tokens
-			bs.Requests += s.Requests
-			for i, v := range s.PerNode {
-				bs.PerNode[i] += v
-			}
-			if f, ok := first[b]; !ok || s.First.Before(f) {
-				first[b] = s.First
-			}
-			if s.Last.After(last[b]) {
-				last[b] = s.Last
-			}
-			if f, ok := firstAnswer[b]; !ok || s.FirstAnswer.Before(f) {
-				firstAnswer[b] = s.FirstAnswer
-			}
-			if s.LastSent.After(lastSent[b]) {
-				lastSent[b] = s.LastSent
-			}
-			maxCost[b] = max(maxCost[b], t.Cost)
+			bt.add(s, t.Cost)
 		}
 	}
-	for _, bs := range rep.Buckets {
-		b := bs.Bucket
-		bs.Elapsed = last[b].Sub(first[b]).Seconds()
-		bs.Bound = float64(b.Burst) + float64(b.Rate)*last[b].Sub(first[b]).Seconds()/b.Per.Seconds()
-		bs.Ratio = float64(bs.Tokens) / bs.Bound
-		narrow := float64(b.Burst) + float64(b.Rate)*lastSent[b].Sub(firstAnswer[b]).Seconds()/b.Per.Seconds()
-		c := float64(max(maxCost[b], 1))
-		bs.Reachable = c * math.Floor(narrow/c)
+	var out []*BucketStats
+	for _, bt := range order {
+		out = append(out, bt.finish())
 	}
-	return rep
+	return out
 }
 
+// add counts a target's stats, of requests of cost tokens, in the bucket.
+func (bt *bucketTally) add(s *TargetStats, cost int64) {
+	bs := bt.stats
+	bs.Tokens += s.Tokens
+	bs.Requests += s.Requests
+	for i, v := range s.PerNode {
+		bs.PerNode[i] += v
+	}
+	if s.First.Before(bt.first) {
+		bt.first = s.First
+	}
+	if s.Last.After(bt.last) {
+		bt.last = s.Last
+	}
+	if s.FirstAnswer.Before(bt.firstAnswer) {
+		bt.firstAnswer = s.FirstAnswer
+	}
+	if s.LastSent.After(bt.lastSent) {
+		bt.lastSent = s.LastSent
+	}
+	bt.maxCost = max(bt.maxCost, cost)
+}
+
+// finish computes the bucket's bound and what it can reach, and returns
+// its stats.
+func (bt *bucketTally) finish() *BucketStats {
+	bs, b := bt.stats, bt.stats.Bucket
+	bs.Elapsed = bt.last.Sub(bt.first).Seconds()
+	bs.Bound = float64(b.Burst) + float64(b.Rate)*bt.last.Sub(bt.first).Seconds()/b.Per.Seconds()
+	bs.Ratio = float64(bs.Tokens) / bs.Bound
+	narrow := float64(b.Burst) + float64(b.Rate)*bt.lastSent.Sub(bt.firstAnswer).Seconds()/b.Per.Seconds()
+	c := float64(max(bt.maxCost, 1))
+	bs.Reachable = c * math.Floor(narrow/c)
+	return bs
+}
+
+// merge adds s to m, and widens m's windows to s's.
 func (m *TargetStats) merge(s *TargetStats) {
 	m.Requests += s.Requests
 	m.Admitted += s.Admitted

@@ -10,9 +10,13 @@ import (
 
 // Sample is one line of Prometheus' text format: a series and its value.
 type Sample struct {
-	Name   string
+	// Name is the metric's name, e.g. "caddy_rate_limit_decisions_total".
+	Name string
+	// Labels are the series' label values by label name; empty, not nil,
+	// for a series without labels.
 	Labels map[string]string
-	Value  float64
+	// Value is the sample's value, as written.
+	Value float64
 }
 
 // Metrics is a scrape of a node's metrics endpoint.

@@ -184,9 +184,12 @@ func (n *Node) Stop() {
 
 // Response is what a test needs of an HTTP response.
 type Response struct {
+	// Status is the response's status code.
 	Status int
+	// Header is the response's header.
 	Header http.Header
-	Body   string
+	// Body is the whole response body.
+	Body string
 }
 
 var client = &http.Client{Timeout: 10 * time.Second}

@@ -22,11 +22,15 @@ import (
 type TLSFiles struct {
 	// CAFile is the CA certificate that signed both certificates.
 	CAFile string
-	// CertFile and KeyFile are the server's certificate (for 127.0.0.1,
-	// ::1 and localhost; usable as a client certificate too) and key.
-	CertFile, KeyFile string
-	// ClientCertFile and ClientKeyFile are a client certificate and key.
-	ClientCertFile, ClientKeyFile string
+	// CertFile is the server's certificate, for 127.0.0.1, ::1 and
+	// localhost; usable as a client certificate too.
+	CertFile string
+	// KeyFile is the private key of CertFile.
+	KeyFile string
+	// ClientCertFile is a client certificate the CA signed.
+	ClientCertFile string
+	// ClientKeyFile is the private key of ClientCertFile.
+	ClientKeyFile string
 	// ServerName is the name to verify the server's certificate against:
 	// "localhost".
 	ServerName string
