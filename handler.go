@@ -103,7 +103,7 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 	if h.Redis != nil {
 		// A new configuration starts with an empty cache: its rules
 		// may differ.
-		opt.Cache = limiter.NewDenyCache(h.Redis.DenyCacheSize)
+		opt.Cache = limiter.NewDenyCache(limiter.DenyCacheOptions{Size: h.Redis.DenyCacheSize})
 	}
 	for _, z := range h.Zones {
 		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {

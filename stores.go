@@ -71,7 +71,7 @@ const DefaultMaxKeys = 500_000
 // configuration loaded last sets them.
 func (h *Handler) loadMemoryStore() (*limiter.MemoryStore, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return memoryStore{limiter.NewMemoryStore(time.Minute, nil)}, nil
+		return memoryStore{limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: time.Minute})}, nil
 	})
 	if err != nil {
 		return nil, err

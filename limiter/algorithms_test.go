@@ -280,7 +280,7 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		ms := NewMemoryStore(time.Hour, clk.now)
+		ms := NewMemoryStore(MemoryOptions{Sweep: time.Hour, Clock: clk})
 		for _, k := range keys {
 			reqs[0].Key = k
 			for range tc.requests {
@@ -314,7 +314,7 @@ func TestAlgorithmChangeStartsFresh(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newTestClock(epoch)
-	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Clock: clk.now})
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Clock: clk})
 	ms := newMemory(t, clk)
 	ctx := context.Background()
 	tb := mustRule(t, "z", 1, time.Hour, 5)

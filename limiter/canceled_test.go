@@ -42,9 +42,9 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 	// same bucket.
 	two := mustRule(t, "two", 10, time.Second, 2) // a token each 100 ms
 	reqs = []Request{{Rule: two, Key: "k", Cost: 2}}
-	slow := &countingStore{Store: NewMemoryStore(time.Hour, nil)}
+	slow := &countingStore{Store: NewMemoryStore(MemoryOptions{Sweep: time.Hour})}
 	t.Cleanup(func() { _ = slow.Store.(*MemoryStore).Close() })
-	lc := New(slow, Options{Cache: NewDenyCache(0)})
+	lc := New(slow, Options{Cache: NewDenyCache(DenyCacheOptions{})})
 	// The cache learns the bucket (empty after this); once a token is
 	// back the next request claims it and asks the store, which is slow
 	// now, and a request for the same bucket waits for that answer.

@@ -36,8 +36,8 @@ const defaultDenyCacheSize = 1 << 16
 type DenyCache struct {
 	hash     hasher
 	perShard int
-	base     time.Time
-	clock    func() int64 // tests only: replaces the monotonic clock
+	clock    Clock
+	base     time.Time // the clock's reading when the cache was made
 	shards   [numShards]denyShard
 
 	hits    atomic.Uint64
@@ -57,13 +57,24 @@ type probe struct {
 	ids [8]bucketID
 }
 
-// NewDenyCache returns an empty cache for at most size buckets (a default
-// size when size <= 0).
-func NewDenyCache(size int) *DenyCache {
+// DenyCacheOptions configures a DenyCache.
+type DenyCacheOptions struct {
+	// Size is the most buckets the cache holds. Default 65536.
+	Size int
+	// Clock is the cache's time, of which it uses only the time elapsed
+	// since the cache was made (Now().Sub): with the system clock, the
+	// monotonic reading. Default: the system clock.
+	Clock Clock
+}
+
+// NewDenyCache returns an empty cache.
+func NewDenyCache(opt DenyCacheOptions) *DenyCache {
+	size := opt.Size
 	if size <= 0 {
 		size = defaultDenyCacheSize
 	}
-	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), base: nodeClock()}
+	clock := clockOr(opt.Clock)
+	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), clock: clock, base: clock.Now()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[bucketID]State)
 		c.shards[i].flight = make(map[bucketID]chan struct{})
@@ -86,12 +97,10 @@ func (c *DenyCache) Len() int {
 	return n
 }
 
-// now returns this node's monotonic time in microseconds.
+// now returns the microseconds elapsed since the cache was made, on its
+// clock (monotonic, with the system clock).
 func (c *DenyCache) now() int64 {
-	if c.clock != nil {
-		return c.clock()
-	}
-	return int64(nodeClock().Sub(c.base) / time.Microsecond)
+	return int64(c.clock.Now().Sub(c.base) / time.Microsecond)
 }
 
 // check decides the request from the cache when it can. It returns denied

@@ -35,8 +35,7 @@ func TestDenyCacheIsExact(t *testing.T) {
 	clkA, clkB := newTestClock(epoch), newTestClock(epoch)
 	plain := New(newMemory(t, clkA), Options{})
 	inner := &countingStore{Store: newMemory(t, clkB)}
-	cache := NewDenyCache(0)
-	cache.clock = clkB.now
+	cache := NewDenyCache(DenyCacheOptions{Clock: clkB})
 	cached := New(inner, Options{Cache: cache})
 
 	rules := []*Rule{
@@ -85,9 +84,9 @@ func TestDenyCacheIsExact(t *testing.T) {
 // sees about one call per refill interval, and the admitted count is exact.
 func TestDenyCacheFloodCostsOneCallPerRefill(t *testing.T) {
 	t.Parallel()
-	inner := &countingStore{Store: NewMemoryStore(time.Minute, nil), delay: time.Millisecond}
+	inner := &countingStore{Store: NewMemoryStore(MemoryOptions{Sweep: time.Minute}), delay: time.Millisecond}
 	t.Cleanup(func() { _ = inner.Store.(*MemoryStore).Close() })
-	cache := NewDenyCache(0)
+	cache := NewDenyCache(DenyCacheOptions{})
 	l := New(inner, Options{Cache: cache})
 	rule := mustRule(t, "flood", 10, time.Second, 5) // a token every 100 ms
 	const duration = 1500 * time.Millisecond
@@ -132,8 +131,7 @@ func TestDenyCacheOtherKeysUnaffected(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
 	inner := &countingStore{Store: newMemory(t, clk)}
-	cache := NewDenyCache(0)
-	cache.clock = clk.now
+	cache := NewDenyCache(DenyCacheOptions{Clock: clk})
 	l := New(inner, Options{Cache: cache})
 	rule := mustRule(t, "z", 1, time.Hour, 1)
 	res := make([]Result, 1)
@@ -165,8 +163,7 @@ func TestDenyCacheOtherKeysUnaffected(t *testing.T) {
 func TestDenyCacheCostMatters(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
-	cache := NewDenyCache(0)
-	cache.clock = clk.now
+	cache := NewDenyCache(DenyCacheOptions{Clock: clk})
 	l := New(newMemory(t, clk), Options{Cache: cache})
 	rule := mustRule(t, "z", 10, time.Hour, 10)
 	res := make([]Result, 1)
@@ -188,8 +185,7 @@ func TestDenyCacheCostMatters(t *testing.T) {
 func TestDenyCacheBounded(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
-	cache := NewDenyCache(256)
-	cache.clock = clk.now
+	cache := NewDenyCache(DenyCacheOptions{Size: 256, Clock: clk})
 	l := New(newMemory(t, clk), Options{Cache: cache})
 	rule := mustRule(t, "z", 1, time.Hour, 1)
 	res := make([]Result, 1)

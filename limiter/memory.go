@@ -43,7 +43,7 @@ type logBucket struct {
 type MemoryStore struct {
 	hash   hasher
 	shards [numShards]shard
-	now    func() int64
+	clock  Clock
 	// perShard is the most buckets a shard holds (0: no limit).
 	perShard atomic.Int64
 
@@ -61,20 +61,25 @@ type MemoryStore struct {
 // to the true minimum).
 const evictionSamples = 8
 
+// MemoryOptions configures a MemoryStore.
+type MemoryOptions struct {
+	// Sweep is how often the sweeper drops full buckets. Default 1 minute.
+	Sweep time.Duration
+	// Clock is the store's time: its buckets count wall-clock
+	// microseconds (Now().UnixMicro()). Default: the system clock.
+	Clock Clock
+}
+
 // NewMemoryStore returns an empty store, without a key limit, whose sweeper
-// drops full buckets every sweep interval (a minute when 0). now returns the
-// current time in microseconds; nil means the system clock. Close stops the
-// sweeper.
-func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
-	if now == nil {
-		now = func() int64 { return nodeClock().UnixMicro() }
-	}
+// drops full buckets every opt.Sweep. Close stops the sweeper.
+func NewMemoryStore(opt MemoryOptions) *MemoryStore {
+	sweep := opt.Sweep
 	if sweep <= 0 {
 		sweep = time.Minute
 	}
 	s := &MemoryStore{
 		hash:      newHasher(),
-		now:       now,
+		clock:     clockOr(opt.Clock),
 		evictions: make(map[uint32]uint64),
 		sweep:     make(chan time.Duration, 1),
 		stop:      make(chan struct{}),
@@ -87,6 +92,9 @@ func NewMemoryStore(sweep time.Duration, now func() int64) *MemoryStore {
 	go s.sweeper(sweep)
 	return s
 }
+
+// now returns the store's time in microseconds.
+func (s *MemoryStore) now() int64 { return s.clock.Now().UnixMicro() }
 
 // Decide implements Store. It never fails.
 func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result) (bool, error) {

@@ -117,7 +117,7 @@ func TestMemoryMaxKeysSlidingLogs(t *testing.T) {
 func TestMemorySetSweepInterval(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
-	s := NewMemoryStore(time.Hour, clk.now)
+	s := NewMemoryStore(MemoryOptions{Sweep: time.Hour, Clock: clk})
 	t.Cleanup(func() { _ = s.Close() })
 	r := mustRule(t, "z", 1000, time.Second, 0)
 	for i := range 10 {

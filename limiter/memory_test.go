@@ -239,7 +239,7 @@ func TestMemorySweep(t *testing.T) {
 func TestMemorySweeper(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
-	s := NewMemoryStore(time.Millisecond, clk.now)
+	s := NewMemoryStore(MemoryOptions{Sweep: time.Millisecond, Clock: clk})
 	r := mustRule(t, "z", 1000, time.Second, 0)
 	for i := range 10 {
 		decideOne(t, s, r, strconv.Itoa(i), 1)
@@ -274,7 +274,7 @@ func TestMemoryBytesPerKey(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	s := NewMemoryStore(time.Hour, clk.now)
+	s := NewMemoryStore(MemoryOptions{Sweep: time.Hour, Clock: clk})
 	for _, k := range keys {
 		reqs[0].Key = k
 		if ok, err := s.Decide(context.Background(), reqs, results); !ok || err != nil {
@@ -381,7 +381,7 @@ func BenchmarkMemoryDecide(b *testing.B) {
 	})
 	b.Run("many keys parallel", func(b *testing.B) {
 		// The system clock: a shared test clock would be the bottleneck.
-		s := NewMemoryStore(time.Hour, nil)
+		s := NewMemoryStore(MemoryOptions{Sweep: time.Hour})
 		b.Cleanup(func() { _ = s.Close() })
 		keys := make([]string, 1<<16)
 		for i := range keys {

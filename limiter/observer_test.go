@@ -52,7 +52,7 @@ func TestObserverSeesStoreCallsAndCacheHits(t *testing.T) {
 	clk := newTestClock(epoch)
 	rec := &recorder{}
 	store := slowStore{Store: newMemory(t, clk), delay: 2 * time.Millisecond}
-	l := New(store, Options{Cache: NewDenyCache(0), Observer: rec})
+	l := New(store, Options{Cache: NewDenyCache(DenyCacheOptions{}), Observer: rec})
 	api := mustRule(t, "api", 1, time.Hour, 1)
 	other := mustRule(t, "other", 100, time.Hour, 100)
 	reqs := []Request{{Rule: other, Key: "k", Cost: 1}, {Rule: api, Key: "k", Cost: 1}}

@@ -92,10 +92,12 @@ type RedisOptions struct {
 	// Log receives the store's reports about Redis itself: its memory
 	// policy, refused credentials. Default: none.
 	Log *zap.Logger
-	// Clock, when set, fixes the scripts' time (microseconds) for tests.
-	// Production leaves it nil: the clock is then Redis TIME, the same for
-	// every node whatever their own clocks say.
-	Clock func() int64
+	// Clock, when set, is the scripts' time (Now().UnixMicro(), sent with
+	// each script call) instead of Redis TIME: tests only, to replay a
+	// trace on a controlled clock. Default nil: the scripts read Redis
+	// TIME, the same for every node whatever their own clocks say. (Unlike
+	// the other stores' Clock, nil does not mean this node's clock.)
+	Clock Clock
 }
 
 // addrs returns every address of the options.
@@ -119,7 +121,7 @@ type RedisStore struct {
 	prefix  string
 	timeout time.Duration
 	maxWait time.Duration
-	clock   func() int64
+	clock   Clock // nil: Redis TIME
 	stall   *stallClock
 	script  *redis.Script
 	refund  *redis.Script

@@ -151,7 +151,7 @@ func replayTrace(t *testing.T, srv *redistest.Server, prefix string, seed, strea
 	next func(*rand.Rand, *testClock) []Request, seen func([]Request, bool, []Result)) {
 	t.Helper()
 	clk := newTestClock(epoch + int64(seed)*1e12)
-	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: prefix, Clock: clk.now})
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: prefix, Clock: clk})
 	ms := newMemory(t, clk)
 	rng := rand.New(rand.NewPCG(seed, stream))
 	ctx := context.Background()

@@ -332,7 +332,7 @@ func (s *RedisStore) cmdErr(err error) error {
 func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall) {
 	clock := "0"
 	if s.clock != nil {
-		clock = strconv.FormatInt(s.clock(), 10)
+		clock = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
 	}
 	pipe := s.client.Pipeline()
 	for i := range groups {

@@ -29,6 +29,9 @@ func (c *testClock) now() int64   { return c.us.Load() }
 func (c *testClock) set(us int64) { c.us.Store(us) }
 func (c *testClock) add(d int64)  { c.us.Add(d) }
 
+// Now implements Clock: the clock's microsecond as a time.
+func (c *testClock) Now() time.Time { return time.UnixMicro(c.us.Load()) }
+
 func mustRule(t testing.TB, name string, rate int64, per time.Duration, burst int64) *Rule {
 	t.Helper()
 	r, err := NewRule(name, rate, per, burst)
@@ -42,7 +45,7 @@ func mustRule(t testing.TB, name string, rate int64, per time.Duration, burst in
 // during a test (tests call Sweep themselves), closed when the test ends.
 func newMemory(t testing.TB, c *testClock) *MemoryStore {
 	t.Helper()
-	s := NewMemoryStore(time.Hour, c.now)
+	s := NewMemoryStore(MemoryOptions{Sweep: time.Hour, Clock: c})
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

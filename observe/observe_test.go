@@ -20,7 +20,7 @@ type testStore struct {
 
 func newTestStore(t *testing.T, key string) testStore {
 	t.Helper()
-	return testStore{key: key, name: key, store: limiter.NewMemoryStore(time.Minute, nil)}
+	return testStore{key: key, name: key, store: limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: time.Minute})}
 }
 
 // provision makes a handler's share of the observability, as its Provision
