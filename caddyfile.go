@@ -3,6 +3,9 @@ package fleetlimit
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -10,8 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 func init() {
@@ -91,8 +92,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	lines := settingLines{}
 	for d.NextBlock(0) {
-		switch d.Val() {
+		sub := d.Val()
+		lines[sub] = *d
+		switch sub {
 		case "redis":
 			if h.Redis != nil {
 				return d.Err("redis: only one redis block is allowed")
@@ -102,96 +106,130 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "zone":
-			at := *d
+			lines[zoneSetting(len(h.Zones))] = *d
 			z := new(Zone)
 			if err := z.unmarshalCaddyfile(d); err != nil {
 				return err
 			}
-			for _, other := range h.Zones {
-				if other.Name == z.Name {
-					return at.Errf("zone %q is defined twice", z.Name)
-				}
-			}
 			h.Zones = append(h.Zones, z)
-		case "headers":
-			var mode string
-			if !d.AllArgs(&mode) {
-				return d.ArgErr()
-			}
-			if _, err := parseHeaderMode(mode); err != nil {
-				return d.Errf("unknown headers mode %q (want ietf, legacy, both or none)", mode)
-			}
-			h.Headers = mode
-		case "log_key":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.LogKey = true
-		case "key_digest_secret":
-			if !d.AllArgs(&h.KeyDigestSecret) {
-				return d.Err("key_digest_secret takes one argument")
-			}
-		case "disable_metrics":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.DisableMetrics = true
-		case "log_denials":
-			var level string
-			if !d.AllArgs(&level) {
-				return d.ArgErr()
-			}
-			if _, err := parseDenialLevel(level); err != nil {
-				return d.Errf("unknown log_denials %q (want info, debug or off)", level)
-			}
-			h.LogDenials = level
-		case "max_keys":
-			var arg string
-			if !d.AllArgs(&arg) {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseInt(arg, 10, 32)
-			if err != nil || n <= 0 {
-				return d.Errf("max_keys must be a positive integer, got %q", arg)
-			}
-			h.MaxKeys = int(n)
-		default:
+		case "distributed", "storage":
 			if err := h.unmarshalCompat(d); err != nil {
+				return err
+			}
+		default:
+			if err := h.unmarshalSetting(d, sub); err != nil {
 				return err
 			}
 		}
 	}
-	if len(h.Zones) == 0 {
-		return start.Err("rate_limit needs at least one zone")
+	if err := h.validate(); err != nil {
+		return lines.wrap(start, err)
 	}
 	return nil
 }
 
-// unmarshalCompat sets up caddy-ratelimit's options, which fleetlimit
-// accepts so that that plugin's Caddyfiles load, and reports any other
-// subdirective as unknown.
+// settingLines are where a block gave each of its settings (the last time),
+// so that a mistake that a validate method finds is reported at the line of
+// the setting at fault (see settingError), or else at the block's own line.
+type settingLines map[string]caddyfile.Dispenser
+
+// wrap adds to err the line of the setting at fault, or block's.
+func (l settingLines) wrap(block caddyfile.Dispenser, err error) error {
+	at := block
+	if se, ok := errors.AsType[*settingError](err); ok {
+		if d, ok := l[se.setting]; ok {
+			at = d
+		}
+	}
+	return at.WrapErr(err)
+}
+
+// find returns the setting of that name.
+func find[S, T any](settings []setting[S, T], name string) (setting[S, T], bool) {
+	for _, s := range settings {
+		if s.name == name {
+			return s, true
+		}
+	}
+	return setting[S, T]{}, false
+}
+
+// names returns the names of settings.
+func names[S, T any](settings []setting[S, T]) []string {
+	out := make([]string, len(settings))
+	for i, s := range settings {
+		out[i] = s.name
+	}
+	return out
+}
+
+// subdirectives lists every name of the lists, sorted, for errors that say
+// what a block takes.
+func subdirectives(lists ...[]string) string {
+	return oneOf(slices.Sorted(slices.Values(slices.Concat(lists...))))
+}
+
+// The rate_limit block's settings: handlerFlags take no argument,
+// handlerSettings one, and handlerBlocks are parsed on their own.
+var (
+	handlerFlags = []setting[Handler, bool]{
+		{"log_key", func(h *Handler) *bool { return &h.LogKey }},
+		{"disable_metrics", func(h *Handler) *bool { return &h.DisableMetrics }},
+	}
+	handlerSettings = map[string]func(h *Handler, arg string) error{
+		"headers":           func(h *Handler, arg string) error { h.Headers = arg; return nil },
+		"log_denials":       func(h *Handler, arg string) error { h.LogDenials = arg; return nil },
+		"key_digest_secret": func(h *Handler, arg string) error { h.KeyDigestSecret = arg; return nil },
+		"max_keys": func(h *Handler, arg string) error {
+			n, err := positiveInt("max_keys", arg, 32)
+			h.MaxKeys = int(n)
+			return err
+		},
+		"jitter": func(h *Handler, arg string) (err error) {
+			h.Jitter, err = parseJitter(arg)
+			return err
+		},
+		"sweep_interval": func(h *Handler, arg string) (err error) {
+			h.SweepInterval, err = positiveDuration("sweep_interval", arg)
+			return err
+		},
+	}
+	handlerBlocks = []string{"redis", "zone", "distributed", "storage"}
+)
+
+// unmarshalSetting sets up a rate_limit subdirective of handlerFlags or
+// handlerSettings, and reports any other as unknown.
+func (h *Handler) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
+	if f, ok := find(handlerFlags, sub); ok {
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		*f.field(h) = true
+		return nil
+	}
+	set, ok := handlerSettings[sub]
+	if !ok {
+		return d.Errf("unknown subdirective %q (want %s)", sub,
+			subdirectives(handlerBlocks, names(handlerFlags), slices.Collect(maps.Keys(handlerSettings))))
+	}
+	var arg string
+	if !d.AllArgs(&arg) {
+		if sub == "key_digest_secret" {
+			// ArgErr would quote the secret.
+			return d.Err("key_digest_secret takes one argument")
+		}
+		return d.ArgErr()
+	}
+	if err := set(h, arg); err != nil {
+		return d.WrapErr(err)
+	}
+	return nil
+}
+
+// unmarshalCompat sets up caddy-ratelimit's blocks, distributed and
+// storage, which fleetlimit accepts so that that plugin's Caddyfiles load.
 func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 	switch d.Val() {
-	case "jitter":
-		var arg string
-		if !d.AllArgs(&arg) {
-			return d.ArgErr()
-		}
-		j, err := parseJitter(arg)
-		if err != nil {
-			return d.Err(err.Error())
-		}
-		h.Jitter = j
-	case "sweep_interval":
-		var arg string
-		if !d.AllArgs(&arg) {
-			return d.ArgErr()
-		}
-		dur, err := caddy.ParseDuration(arg)
-		if err != nil || dur <= 0 {
-			return d.Errf("sweep_interval must be a positive duration, got %q", arg)
-		}
-		h.SweepInterval = caddy.Duration(dur)
 	case "distributed":
 		if d.NextArg() {
 			return d.ArgErr()
@@ -203,17 +241,17 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&arg) {
 				return d.ArgErr()
 			}
-			dur, err := caddy.ParseDuration(arg)
-			if err != nil || dur <= 0 {
-				return d.Errf("distributed %s must be a positive duration, got %q", sub, arg)
+			dur, err := positiveDuration("distributed "+sub, arg)
+			if err != nil {
+				return d.WrapErr(err)
 			}
 			switch sub {
 			case "read_interval":
-				h.Distributed.ReadInterval = caddy.Duration(dur)
+				h.Distributed.ReadInterval = dur
 			case "write_interval":
-				h.Distributed.WriteInterval = caddy.Duration(dur)
+				h.Distributed.WriteInterval = dur
 			case "purge_age":
-				h.Distributed.PurgeAge = caddy.Duration(dur)
+				h.Distributed.PurgeAge = dur
 			default:
 				return d.Errf("unknown distributed subdirective %q (want read_interval, write_interval or purge_age)", sub)
 			}
@@ -230,191 +268,199 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 			d.RemainingArgs()
 		}
 		h.Storage, _ = json.Marshal(map[string]string{"module": name})
-	default:
-		return d.Errf("unknown subdirective %q (want redis, zone, headers, log_key, key_digest_secret, log_denials, disable_metrics, max_keys, jitter, sweep_interval, distributed or storage)", d.Val())
 	}
 	return nil
 }
 
-// redisSubdirectives lists the redis block's subdirectives, for errors.
-const redisSubdirectives = "address, cluster, sentinel, sentinel_username, sentinel_password, username, password, db, tls, " +
-	"pool_size, pipelines, dial_timeout, timeout, max_wait, protocol, disable_identity, key_prefix, breaker_failures, breaker_cooldown or deny_cache_size"
+// redisOthers are the redis subdirectives outside the tables of
+// redisconfig.go, which unmarshalSetting parses on their own.
+var redisOthers = []string{"address", "sentinel", "tls", "db", "protocol"}
 
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	start := *d
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	lines := settingLines{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		if handled, err := c.unmarshalServers(d, sub); handled || err != nil {
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		var arg string
-		if !d.AllArgs(&arg) {
-			if sub == "password" || sub == "sentinel_password" {
-				// ArgErr would quote the password.
-				return d.Errf("redis %s takes one argument (quote it if it has spaces)", sub)
-			}
-			return d.ArgErr()
-		}
-		if err := c.unmarshalSetting(d, sub, arg); err != nil {
+		lines[sub] = *d
+		if err := c.unmarshalSetting(d, sub); err != nil {
 			return err
 		}
 	}
-	switch {
-	case c.Address == "" && len(c.Addresses) == 0 && c.SentinelMaster == "":
-		return start.Err("redis block needs an address (or several for a Cluster, or sentinel <master> <addr>...)")
-	case c.SentinelMaster != "" && (c.Address != "" || len(c.Addresses) > 0):
-		return start.Err("redis block has both sentinel and address: sentinels find the master")
-	case c.Cluster && c.SentinelMaster != "":
-		return start.Err("redis block has both cluster and sentinel")
+	if err := c.validate(); err != nil {
+		return lines.wrap(start, fmt.Errorf("redis: %w", err))
 	}
 	return nil
 }
 
-// unmarshalServers sets up the redis subdirectives that do not take
-// exactly one argument: where the servers are, how to reach them (tls)
-// and the flags. It reports false for any other subdirective.
-func (c *RedisConfig) unmarshalServers(d *caddyfile.Dispenser, sub string) (bool, error) {
+// unmarshalSetting sets up one redis subdirective.
+func (c *RedisConfig) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	switch sub {
 	case "address":
 		addrs := d.RemainingArgs()
 		if len(addrs) == 0 {
-			return true, d.ArgErr()
+			return d.ArgErr()
 		}
 		if c.Address != "" || len(c.Addresses) > 0 {
-			return true, d.Err("redis address given twice (list every Cluster node on one address line)")
+			return d.Err("redis address given twice (list every Cluster node on one address line)")
 		}
 		if len(addrs) == 1 {
 			c.Address = addrs[0]
 		} else {
 			c.Addresses = addrs
 		}
+		return nil
 	case "sentinel":
 		args := d.RemainingArgs()
 		if len(args) < 2 {
-			return true, d.Err("redis sentinel needs the master name and at least one sentinel address: sentinel <master_name> <addr>...")
+			return d.Err("redis sentinel needs the master name and at least one sentinel address: sentinel <master_name> <addr>...")
 		}
 		c.SentinelMaster, c.SentinelAddresses = args[0], args[1:]
-	case "cluster", "disable_identity":
-		if d.NextArg() {
-			return true, d.ArgErr()
-		}
-		if sub == "cluster" {
-			c.Cluster = true
-		} else {
-			c.DisableIdentity = true
-		}
+		return nil
 	case "tls":
 		if c.TLS != nil {
-			return true, d.Err("redis: only one tls block is allowed")
+			return d.Err("redis: only one tls block is allowed")
 		}
 		c.TLS = new(RedisTLS)
-		return true, c.TLS.unmarshalCaddyfile(d)
-	default:
-		return false, nil
+		return c.TLS.unmarshalCaddyfile(d)
 	}
-	return true, nil
-}
-
-// unmarshalSetting sets up a redis subdirective that takes one argument.
-func (c *RedisConfig) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string) error {
-	switch sub {
-	case "username":
-		c.Username = arg
-	case "password":
-		c.Password = arg
-	case "sentinel_username":
-		c.SentinelUsername = arg
-	case "sentinel_password":
-		c.SentinelPassword = arg
-	case "db":
-		n, err := strconv.ParseInt(arg, 10, 32)
-		if err != nil || n < 0 {
-			return d.Errf("redis db must be a non-negative integer, got %q", arg)
+	if f, ok := find(redisFlags, sub); ok {
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		*f.field(c) = true
+		return nil
+	}
+	str, isString := find(redisStrings, sub)
+	dur, isDuration := find(redisDurations, sub)
+	count, isCount := find(redisCounts, sub)
+	if !isString && !isDuration && !isCount && !slices.Contains(redisOthers, sub) {
+		return d.Errf("unknown redis subdirective %q (want %s)", sub,
+			subdirectives(redisOthers, names(redisFlags), names(redisStrings), names(redisDurations), names(redisCounts)))
+	}
+	// The rest take one argument.
+	var arg string
+	if !d.AllArgs(&arg) {
+		if strings.HasSuffix(sub, "password") {
+			// ArgErr would quote the password.
+			return d.Errf("redis %s takes one argument (quote it if it has spaces)", sub)
+		}
+		return d.ArgErr()
+	}
+	var err error
+	switch {
+	case isString:
+		*str.field(c) = arg
+	case isDuration:
+		*dur.field(c), err = positiveDuration(sub, arg)
+	case isCount:
+		var n int64
+		n, err = positiveInt(sub, arg, 32)
+		*count.field(c) = int(n)
+	case sub == "db":
+		n, perr := strconv.ParseInt(arg, 10, 32)
+		if perr != nil || n < 0 {
+			err = fmt.Errorf("db must be a non-negative integer, got %q", arg)
 		}
 		c.DB = int(n)
-	case "key_prefix":
-		c.KeyPrefix = arg
-	case "protocol":
-		if arg != "2" && arg != "3" {
-			return d.Errf("redis protocol must be 2 or 3, got %q", arg)
+	case sub == "protocol":
+		c.Protocol, err = strconv.Atoi(arg)
+		if err != nil {
+			err = fmt.Errorf("protocol must be 2 or 3, got %q", arg)
 		}
-		c.Protocol, _ = strconv.Atoi(arg)
-	case "timeout", "max_wait", "dial_timeout", "breaker_cooldown":
-		dur, err := caddy.ParseDuration(arg)
-		if err != nil || dur <= 0 {
-			return d.Errf("redis %s must be a positive duration, got %q", sub, arg)
-		}
-		switch sub {
-		case "timeout":
-			c.Timeout = caddy.Duration(dur)
-		case "max_wait":
-			c.MaxWait = caddy.Duration(dur)
-		case "dial_timeout":
-			c.DialTimeout = caddy.Duration(dur)
-		default:
-			c.BreakerCooldown = caddy.Duration(dur)
-		}
-	case "pool_size", "pipelines", "breaker_failures", "deny_cache_size":
-		n, err := strconv.ParseInt(arg, 10, 32)
-		if err != nil || n <= 0 {
-			return d.Errf("redis %s must be a positive integer, got %q", sub, arg)
-		}
-		switch sub {
-		case "pool_size":
-			c.PoolSize = int(n)
-		case "pipelines":
-			c.Pipelines = int(n)
-		case "breaker_failures":
-			c.BreakerFailures = int(n)
-		default:
-			c.DenyCacheSize = int(n)
-		}
-	default:
-		return d.Errf("unknown redis subdirective %q (want %s)", sub, redisSubdirectives)
+	}
+	if err != nil {
+		return d.Errf("redis %v", err)
 	}
 	return nil
 }
 
+// The redis tls block's settings: the files and names, and the flag.
+var (
+	tlsSettings = []setting[RedisTLS, string]{
+		{"ca", func(t *RedisTLS) *string { return &t.CA }},
+		{"cert", func(t *RedisTLS) *string { return &t.Cert }},
+		{"key", func(t *RedisTLS) *string { return &t.Key }},
+		{"server_name", func(t *RedisTLS) *string { return &t.ServerName }},
+	}
+	tlsFlags = []setting[RedisTLS, bool]{
+		{"insecure_skip_verify", func(t *RedisTLS) *bool { return &t.InsecureSkipVerify }},
+	}
+)
+
 func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	start := *d
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	lines := settingLines{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		if sub == "insecure_skip_verify" {
+		lines[sub] = *d
+		if f, ok := find(tlsFlags, sub); ok {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			t.InsecureSkipVerify = true
+			*f.field(t) = true
 			continue
 		}
-		var arg string
-		if !d.AllArgs(&arg) {
+		s, ok := find(tlsSettings, sub)
+		if !ok {
+			return d.Errf("unknown redis tls subdirective %q (want %s)", sub, subdirectives(names(tlsSettings), names(tlsFlags)))
+		}
+		if !d.AllArgs(s.field(t)) {
 			return d.ArgErr()
 		}
-		switch sub {
-		case "ca":
-			t.CA = arg
-		case "cert":
-			t.Cert = arg
-		case "key":
-			t.Key = arg
-		case "server_name":
-			t.ServerName = arg
-		default:
-			return d.Errf("unknown redis tls subdirective %q (want ca, cert, key, server_name or insecure_skip_verify)", sub)
-		}
 	}
-	if (t.Cert == "") != (t.Key == "") {
-		return d.Err("redis tls needs both cert and key for a client certificate")
+	if err := t.validate(); err != nil {
+		return lines.wrap(start, fmt.Errorf("redis: tls: %w", err))
 	}
 	return nil
+}
+
+// The zone block's settings that take one argument (key, rate and match
+// are parsed on their own), and those that give its limit, whose line is
+// where a mistake in the limit is reported.
+var (
+	zoneSettings = map[string]func(z *Zone, sub, arg string) error{
+		"burst":       zoneInt(func(z *Zone) *int64 { return &z.Burst }, 64),
+		"events":      zoneInt(func(z *Zone) *int64 { return &z.Events }, 54),
+		"fleet_size":  zoneInt(func(z *Zone) *int64 { return &z.FleetSize }, 32),
+		"max_delay":   zoneDuration(func(z *Zone) *caddy.Duration { return &z.MaxDelay }),
+		"window":      zoneDuration(func(z *Zone) *caddy.Duration { return &z.Window }),
+		"cost":        func(z *Zone, _, arg string) error { z.Cost = arg; return nil },
+		"on_error":    func(z *Zone, _, arg string) error { z.OnError = arg; return nil },
+		"algorithm":   func(z *Zone, _, arg string) error { z.Algorithm = arg; return nil },
+		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
+		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
+	}
+	zoneLists     = []string{"key", "rate", "match"}
+	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events"}
+)
+
+// zoneInt, zoneDuration and zonePrefix parse a zone setting into a field.
+func zoneInt(field func(*Zone) *int64, bits int) func(z *Zone, sub, arg string) error {
+	return func(z *Zone, sub, arg string) (err error) {
+		*field(z), err = positiveInt(sub, arg, bits)
+		return err
+	}
+}
+
+func zoneDuration(field func(*Zone) *caddy.Duration) func(z *Zone, sub, arg string) error {
+	return func(z *Zone, sub, arg string) (err error) {
+		*field(z), err = positiveDuration(sub, arg)
+		return err
+	}
+}
+
+func zonePrefix(field func(*Zone) *int) func(z *Zone, sub, arg string) error {
+	return func(z *Zone, sub, arg string) error {
+		n, err := positiveInt(sub, arg, 32)
+		*field(z) = int(n)
+		return err
+	}
 }
 
 func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -423,201 +469,100 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Err("zone needs a name: zone <name> { ... }")
 	}
 	z.Name = d.Val()
-	if !zoneNameRE.MatchString(z.Name) {
-		return d.Errf("zone name %q must be 1 to 64 letters, digits, '_', '-' or '.'", z.Name)
-	}
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	var lines zoneLines
+	lines := settingLines{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		if handled, err := z.unmarshalList(d, sub, &lines); handled || err != nil {
-			if err != nil {
-				return err
-			}
-			continue
+		lines[sub] = *d
+		if slices.Contains(zoneRuleLines, sub) {
+			lines["rule"] = *d
 		}
-		// The rest take exactly one argument.
-		var arg string
-		if !d.AllArgs(&arg) {
-			return d.ArgErr()
-		}
-		if err := z.unmarshalSetting(d, sub, arg, &lines); err != nil {
+		if err := z.unmarshalSetting(d, sub); err != nil {
 			return err
 		}
 	}
-	return z.checkCaddyfile(start, lines)
+	if err := z.validate(); err != nil {
+		return lines.wrap(start, fmt.Errorf("zone %q: %w", z.Name, err))
+	}
+	return nil
 }
 
-// zoneLines are where a zone block gave its limit and its cost, so that
-// the checks made after the block report the line of the setting at fault.
-type zoneLines struct {
-	rule    caddyfile.Dispenser // where the rule was last given
-	cost    caddyfile.Dispenser // where cost was given
-	costSet bool
-}
-
-// unmarshalList sets up the zone subdirectives that do not take exactly
-// one argument: key, rate and match. It reports false for any other.
-func (z *Zone) unmarshalList(d *caddyfile.Dispenser, sub string, lines *zoneLines) (bool, error) {
+// unmarshalSetting sets up one zone subdirective.
+func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	switch sub {
 	case "key":
 		args := d.RemainingArgs()
 		if len(args) == 0 {
-			return true, d.ArgErr()
-		}
-		for _, a := range args {
-			if strings.TrimSpace(a) == "" {
-				return true, d.Errf("zone %q: empty key expression", z.Name)
-			}
-			if err := checkPlaceholders(a); err != nil {
-				return true, d.Errf("zone %q: key %q is not a valid placeholder expression: %v", z.Name, a, err)
-			}
+			return d.ArgErr()
 		}
 		z.Key = args
+		return nil
 	case "rate":
-		args := d.RemainingArgs()
-		if len(args) != 2 {
-			return true, d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
-		}
-		n, err := strconv.ParseInt(args[0], 10, 64)
-		if err != nil || n <= 0 {
-			return true, d.Errf("zone %q: rate must be a positive integer, got %q", z.Name, args[0])
-		}
-		if n > 1<<53 { // the adapter's JSON goes through float64
-			return true, d.Errf("zone %q: rate must be at most 2^53, got %q", z.Name, args[0])
-		}
-		dur, err := caddy.ParseDuration(args[1])
-		if err != nil || dur <= 0 {
-			return true, d.Errf("zone %q: rate period must be a positive duration, got %q", z.Name, args[1])
-		}
-		z.Rate, z.Per = n, caddy.Duration(dur)
-		lines.rule = *d
+		return z.unmarshalRate(d)
 	case "match":
 		if d.NextArg() {
-			return true, d.ArgErr()
+			return d.ArgErr()
 		}
 		set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 		if err != nil {
-			return true, err
+			return err
 		}
 		z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
-	default:
-		return false, nil
+		return nil
 	}
-	return true, nil
+	set, ok := zoneSettings[sub]
+	if !ok {
+		return d.Errf("zone %q: unknown subdirective %q (want %s)", z.Name, sub,
+			subdirectives(zoneLists, slices.Collect(maps.Keys(zoneSettings))))
+	}
+	var arg string
+	if !d.AllArgs(&arg) {
+		return d.ArgErr()
+	}
+	if err := set(z, sub, arg); err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	return nil
 }
 
-// unmarshalSetting sets up a zone subdirective that takes one argument.
-func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub, arg string, lines *zoneLines) error {
-	var err error
-	switch sub {
-	case "burst":
-		z.Burst, err = positiveInt(arg, 64)
-		lines.rule = *d
-	case "fleet_size":
-		z.FleetSize, err = positiveInt(arg, 32)
-	case "events":
-		z.Events, err = positiveInt(arg, 54)
-		lines.rule = *d
-	case "max_delay":
-		z.MaxDelay, err = positiveDuration(arg)
-		lines.rule = *d
-	case "window":
-		z.Window, err = positiveDuration(arg)
-		lines.rule = *d
-	case "cost":
-		if strings.ContainsAny(arg, "{}") {
-			if perr := checkPlaceholders(arg); perr != nil {
-				return d.Errf("zone %q: cost %q is not a valid placeholder expression: %v", z.Name, arg, perr)
-			}
-		} else if _, err = positiveInt(arg, 64); err != nil {
-			return d.Errf("zone %q: cost must be a positive integer or a placeholder, got %q", z.Name, arg)
-		}
-		z.Cost, lines.costSet, lines.cost = arg, true, *d
-	case "on_error":
-		if _, perr := limiter.ParsePolicy(arg); perr != nil {
-			return d.Errf("zone %q: on_error must be allow, deny or local, got %q", z.Name, arg)
-		}
-		z.OnError = arg
-	case "algorithm":
-		if _, aerr := limiter.ParseAlgorithm(arg); aerr != nil {
-			return d.Errf("zone %q: %v", z.Name, aerr)
-		}
-		z.Algorithm, lines.rule = arg, *d
-	case "ipv4_prefix", "ipv6_prefix":
-		return z.unmarshalPrefix(d, sub, arg)
-	default:
-		return d.Errf("zone %q: unknown subdirective %q (want key, algorithm, rate, burst, max_delay, window, events, cost, on_error, fleet_size, ipv4_prefix, ipv6_prefix or match)", z.Name, sub)
+// unmarshalRate sets up rate <n> <duration>.
+func (z *Zone) unmarshalRate(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
 	}
+	n, err := positiveInt("rate", args[0], 64)
 	if err != nil {
-		return d.Errf("zone %q: %s %v, got %q", z.Name, sub, err, arg)
+		return d.Errf("zone %q: %v", z.Name, err)
 	}
-	return nil
-}
-
-// unmarshalPrefix sets up ipv4_prefix or ipv6_prefix.
-func (z *Zone) unmarshalPrefix(d *caddyfile.Dispenser, sub, arg string) error {
-	bits := int64(32)
-	if sub == "ipv6_prefix" {
-		bits = 128
+	if n > 1<<53 { // the adapter's JSON goes through float64
+		return d.Errf("zone %q: rate must be at most 2^53, got %q", z.Name, args[0])
 	}
-	n, err := positiveInt(arg, 32)
-	if err != nil || n > bits {
-		return d.Errf("zone %q: %s must be 1 to %d, got %q", z.Name, sub, bits, arg)
-	}
-	if sub == "ipv4_prefix" {
-		z.IPv4Prefix = int(n)
-	} else {
-		z.IPv6Prefix = int(n)
-	}
-	return nil
-}
-
-// checkCaddyfile makes the checks of a whole zone block that provisioning
-// would make, so that they come with a line of the Caddyfile: start is the
-// zone's own line.
-func (z *Zone) checkCaddyfile(start caddyfile.Dispenser, lines zoneLines) error {
-	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
-		return start.Errf("zone %q: rate is required: rate <n> <duration> (or window <duration> and events <n>)", z.Name)
-	}
-	ruleLine := lines.rule
-	if ruleLine.Line() == 0 {
-		ruleLine = start
-	}
-	rule, err := z.compileRule()
+	per, err := positiveDuration("rate period", args[1])
 	if err != nil {
-		return ruleLine.Errf("zone %q: %v", z.Name, err)
+		return d.Errf("zone %q: %v", z.Name, err)
 	}
-	if lines.costSet && !strings.Contains(z.Cost, "{") {
-		if n, _ := strconv.ParseInt(z.Cost, 10, 64); n > rule.Burst {
-			return lines.cost.Errf("zone %q: cost %d exceeds burst %d, so no request could ever pass", z.Name, n, rule.Burst)
-		}
-	}
+	z.Rate, z.Per = n, per
 	return nil
 }
 
-// errNotPositiveInt and errNotPositiveDuration complete "zone %q: <sub> ...".
-var (
-	errNotPositiveInt      = errors.New("must be a positive integer")
-	errNotPositiveDuration = errors.New("must be a positive duration")
-)
-
-// positiveInt parses a positive integer that fits in bits bits.
-func positiveInt(arg string, bits int) (int64, error) {
+// positiveInt parses the setting name's positive integer, which must fit
+// in bits bits.
+func positiveInt(name, arg string, bits int) (int64, error) {
 	n, err := strconv.ParseInt(arg, 10, min(bits, 64))
 	if err != nil || n <= 0 {
-		return 0, errNotPositiveInt
+		return 0, fmt.Errorf("%s must be a positive integer, got %q", name, arg)
 	}
 	return n, nil
 }
 
-// positiveDuration parses a positive Caddy duration.
-func positiveDuration(arg string) (caddy.Duration, error) {
+// positiveDuration parses the setting name's positive Caddy duration.
+func positiveDuration(name, arg string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(arg)
 	if err != nil || dur <= 0 {
-		return 0, errNotPositiveDuration
+		return 0, fmt.Errorf("%s must be a positive duration, got %q", name, arg)
 	}
 	return caddy.Duration(dur), nil
 }

@@ -577,14 +577,14 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 3, `zone name "my zone" must be 1 to 64 letters`},
+}`, 3, `zone "my zone": name must be 1 to 64 letters`},
 	{"zone name with a brace", `:80 {
 	rate_limit {
 		zone a}b {
 			rate 10 1s
 		}
 	}
-}`, 3, `zone name "a}b" must be 1 to 64 letters`},
+}`, 3, `zone "a}b": name must be 1 to 64 letters`},
 	{"zone name too long", `:80 {
 	rate_limit {
 		zone ` + strings.Repeat("z", 65) + ` {
@@ -607,7 +607,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 4, "empty key expression"},
+}`, 4, "key expressions must not be empty"},
 	{"empty key after a good one", `:80 {
 	rate_limit {
 		zone api {
@@ -615,7 +615,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 4, "empty key expression"},
+}`, 4, "key expressions must not be empty"},
 
 	// Missing parts.
 	{"zone without rate", `:80 {
@@ -634,10 +634,10 @@ var badCaddyfiles = []struct {
 	rate_limit {
 		headers ietf
 	}
-}`, 2, "rate_limit needs at least one zone"},
+}`, 2, "at least one zone is required"},
 	{"no block", `:80 {
 	rate_limit
-}`, 2, "rate_limit needs at least one zone"},
+}`, 2, "at least one zone is required"},
 	{"redis without address", `:80 {
 	rate_limit {
 		redis {
@@ -647,7 +647,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 3, "redis block needs an address"},
+}`, 3, "redis: address is required"},
 	{"sentinel without addresses", `:80 {
 	rate_limit {
 		redis {
@@ -668,7 +668,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 3, "both sentinel and address"},
+}`, 5, "redis: give either sentinels or server addresses, not both"},
 	{"address twice", `:80 {
 	rate_limit {
 		redis {
@@ -690,7 +690,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 5, `redis protocol must be 2 or 3, got "4"`},
+}`, 5, `redis: protocol must be 2 or 3, got 4`},
 	{"bad pool size", `:80 {
 	rate_limit {
 		redis {
@@ -736,7 +736,7 @@ var badCaddyfiles = []struct {
 			rate 10 1s
 		}
 	}
-}`, 7, "redis tls needs both cert and key"},
+}`, 6, "redis: tls: a client certificate needs both cert and key"},
 	{"unknown tls subdirective", `:80 {
 	rate_limit {
 		redis {
@@ -810,6 +810,100 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 7, "redis db must be"},
+	{"db with cluster", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:7000
+			cluster
+			db 2
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 6, "redis: a Cluster has only db 0"},
+	{"db with cluster nodes", `:80 {
+	rate_limit {
+		redis {
+			db 2
+			address 127.0.0.1:7000 127.0.0.1:7001
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 4, "redis: a Cluster has only db 0"},
+	{"cluster and sentinel", `:80 {
+	rate_limit {
+		redis {
+			sentinel m 127.0.0.1:26379
+			cluster
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, "redis: cluster and sentinel exclude each other"},
+	{"tls key without cert", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			tls {
+				ca /ca.pem
+				key /x.pem
+			}
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 7, "redis: tls: a client certificate needs both cert and key"},
+	{"ipv4 prefix too long", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			ipv4_prefix 33
+		}
+	}
+}`, 5, `zone "api": ipv4_prefix must be 1 to 32, got 33`},
+	{"unknown on_error", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			on_error retry
+		}
+	}
+}`, 5, `zone "api": on_error must be allow, deny or local, got "retry"`},
+	{"unknown algorithm", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+			algorithm gcra
+		}
+	}
+}`, 5, `zone "api": unknown algorithm "gcra"`},
+	{"burst with a window algorithm", `:80 {
+	rate_limit {
+		zone api {
+			algorithm fixed_window
+			rate 10 1s
+			burst 20
+		}
+	}
+}`, 6, `zone "api": burst applies to token_bucket and leaky_bucket only`},
+	{"duplicate zone after a good one", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+		zone web {
+			rate 10 1s
+		}
+		zone api {
+			rate 5 1s
+		}
+	}
+}`, 9, `zone "api" is defined twice`},
 }
 
 // caddyfileLineRE finds the Caddyfile position in an error.
@@ -856,15 +950,15 @@ func TestBadJSONProvision(t *testing.T) {
 		{"cost above default burst", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"11"}]}`,
 			`zone "a": cost 11 exceeds burst 10`},
 		{"negative cost", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"-1"}]}`,
-			"neither a positive integer nor a placeholder"},
+			`cost must be a positive integer or a placeholder`},
 		{"zero cost", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"0"}]}`,
-			"neither a positive integer nor a placeholder"},
+			`cost must be a positive integer or a placeholder`},
 		{"cost not a number", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"many"}]}`,
-			"neither a positive integer nor a placeholder"},
+			`cost must be a positive integer or a placeholder`},
 		{"cost with a stray brace", `{"zones":[{"name":"a","rate":10,"per":1000000000,"cost":"5{"}]}`,
-			`cost "5{": '{' without '}'`},
+			`zone "a": cost "5{" is not a valid placeholder expression: '{' without '}'`},
 		{"key with a stray brace", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":["{header.X}}"]}]}`,
-			`key "{header.X}}": '}' without '{'`},
+			`zone "a": key "{header.X}}" is not a valid placeholder expression: '}' without '{'`},
 		{"blank key", `{"zones":[{"name":"a","rate":10,"per":1000000000,"key":["  "]}]}`,
 			`zone "a": key expressions must not be empty`},
 		{"zone name with a space", `{"zones":[{"name":"a b","rate":10,"per":1000000000}]}`,
@@ -874,13 +968,13 @@ func TestBadJSONProvision(t *testing.T) {
 		{"empty zone name", `{"zones":[{"rate":10,"per":1000000000}]}`,
 			`zone "": name must be 1 to 64 letters`},
 		{"duplicate zone name", `{"zones":[{"name":"a","rate":10,"per":1000000000},{"name":"a","rate":1,"per":1000000000}]}`,
-			`duplicate zone name "a"`},
+			`zone "a" is defined twice`},
 		{"unknown headers mode", `{"headers":"draft","zones":[{"name":"a","rate":10,"per":1000000000}]}`,
 			`unknown headers mode "draft"`},
 		{"zero rate", `{"zones":[{"name":"a","rate":0,"per":1000000000}]}`,
-			`zone "a": rate must be a positive integer`},
+			`zone "a": rate is required`},
 		{"missing rate", `{"zones":[{"name":"a","per":1000000000}]}`,
-			`zone "a": rate must be a positive integer`},
+			`zone "a": rate is required`},
 		{"negative rate", `{"zones":[{"name":"a","rate":-1,"per":1000000000}]}`,
 			`zone "a": rate must be a positive integer`},
 		{"missing period", `{"zones":[{"name":"a","rate":10}]}`,
@@ -899,9 +993,9 @@ func TestBadJSONProvision(t *testing.T) {
 			`rate_limits "a": window must be a positive duration`},
 		{"rate_limits null zone", `{"rate_limits":{"a":null}}`, `rate_limits "a": the zone is empty`},
 		{"rate_limits key with a stray brace", `{"rate_limits":{"a":{"key":"{http.request.header.X","window":"1s","max_events":1}}}`,
-			`zone "a": key "{http.request.header.X": '{' without '}'`},
+			`rate_limits "a": key "{http.request.header.X" is not a valid placeholder expression: '{' without '}'`},
 		{"rate_limits window below a millisecond", `{"rate_limits":{"a":{"window":1000,"max_events":1}}}`,
-			`zone "a": a window must be a whole number of milliseconds`},
+			`rate_limits "a": a window must be a whole number of milliseconds`},
 		{"jitter between a share and a percentage", `{"jitter":1.5,"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
 			"jitter 1.5 is neither a share (0 to 1) nor a whole percentage (2 to 100)"},
 		{"jitter above 100", `{"jitter":101,"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
@@ -914,19 +1008,42 @@ func TestBadJSONProvision(t *testing.T) {
 			"redis: db must not be negative"},
 		{"redis negative timeout", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","timeout":-1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
 			"redis: timeout must not be negative"},
+		{"redis cluster and sentinel", `{"redis":{"cluster":true,"sentinel_master":"m","sentinel_addresses":["127.0.0.1:26379"]},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: cluster and sentinel exclude each other"},
+		{"redis sentinel and address", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","sentinel_master":"m","sentinel_addresses":["127.0.0.1:26379"]},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: give either sentinels or server addresses, not both"},
+		{"redis sentinel without sentinels", `{"redis":{"sentinel_master":"m"},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: a Sentinel master needs at least one sentinel address"},
+		{"redis db with cluster nodes", `{"redis":{"addresses":["127.0.0.1:7000","127.0.0.1:7001"],"db":1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: a Cluster has only db 0"},
+		{"redis protocol 4", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","protocol":4},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: protocol must be 2 or 3, got 4"},
+		{"redis negative deny cache", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","deny_cache_size":-1},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: deny_cache_size must not be negative"},
+		{"redis tls cert without key", `{"redis":{"address":"127.0.0.1:6379","password":"` + secret + `","tls":{"cert":"/x.pem"}},"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"redis: tls: a client certificate needs both cert and key"},
+		{"unknown on_error", `{"zones":[{"name":"a","rate":10,"per":1000000000,"on_error":"retry"}]}`,
+			`zone "a": on_error must be allow, deny or local, got "retry"`},
+		{"ipv6 prefix too long", `{"zones":[{"name":"a","rate":10,"per":1000000000,"ipv6_prefix":129}]}`,
+			`zone "a": ipv6_prefix must be 1 to 128, got 129`},
+		{"negative sweep_interval", `{"sweep_interval":-1,"zones":[{"name":"a","rate":10,"per":1000000000}]}`,
+			"sweep_interval must not be negative"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := provisionHandler([]byte(tc.json))
+			// Loaded as Caddy loads it, which names the module.
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			defer cancel()
+			_, err := ctx.LoadModuleByID("http.handlers.rate_limit", json.RawMessage(tc.json))
 			if err == nil {
 				t.Fatalf("provisioned without error: %s", tc.json)
 			}
 			msg := err.Error()
-			if !strings.HasPrefix(msg, "rate_limit: ") {
-				t.Errorf("error does not start with the handler's name: %s", msg)
-			}
 			if !strings.Contains(msg, tc.phrase) {
 				t.Errorf("error does not say %q: %s", tc.phrase, msg)
+			}
+			if n := strings.Count(msg, "rate_limit: "); n != 1 {
+				t.Errorf("error names the module %d times, want once (Caddy's prefix): %s", n, msg)
 			}
 			if strings.Contains(msg, secret) {
 				t.Errorf("error shows the redis password: %s", msg)
@@ -1134,5 +1251,52 @@ func rateLimitBodies(caddyfile string) []string {
 		if depth != 0 {
 			return bodies
 		}
+	}
+}
+
+// TestCaddyfileWantLists checks the lists that unknown subdirectives get,
+// built from the parsers' tables: every name listed is one the parser
+// knows, and the list has them all.
+func TestCaddyfileWantLists(t *testing.T) {
+	wantRE := regexp.MustCompile(`\(want ([a-z0-9_, ]+)\)`)
+	blocks := []struct {
+		name   string
+		wrap   func(sub string) string
+		length int // how many names the list must have
+	}{
+		{"rate_limit", func(sub string) string {
+			return ":80 {\n\trate_limit {\n\t\t" + sub + "\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
+		}, 12},
+		{"zone", func(sub string) string {
+			return ":80 {\n\trate_limit {\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t\t" + sub + "\n\t\t}\n\t}\n}\n"
+		}, 13},
+		{"redis", func(sub string) string {
+			return ":80 {\n\trate_limit {\n\t\tredis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\t" + sub + "\n\t\t}\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
+		}, 20},
+		{"redis tls", func(sub string) string {
+			return ":80 {\n\trate_limit {\n\t\tredis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\ttls {\n\t\t\t\t" + sub + "\n\t\t\t}\n\t\t}\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
+		}, 5},
+	}
+	for _, b := range blocks {
+		t.Run(b.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(b.wrap("no_such_thing 1"))
+			if err == nil {
+				t.Fatal("an unknown subdirective adapted")
+			}
+			m := wantRE.FindStringSubmatch(err.Error())
+			if m == nil {
+				t.Fatalf("no list of subdirectives in: %v", err)
+			}
+			names := strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
+			if len(names) != b.length {
+				t.Errorf("the list has %d names, want %d: %s", len(names), b.length, m[1])
+			}
+			for _, name := range names {
+				_, _, err := adaptCaddyfile(b.wrap(name + " 1"))
+				if err != nil && strings.Contains(err.Error(), "unknown") && strings.Contains(err.Error(), `"`+name+`"`) {
+					t.Errorf("%s is listed but unknown: %v", name, err)
+				}
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ package fleetlimit
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,19 +17,39 @@ import (
 	"time"
 )
 
-// provisionCompat checks caddy-ratelimit's options, turns its rate_limits
-// into zones, and warns about what that plugin's users would otherwise
-// miss: options accepted only so that its configurations load, and the
-// ones whose meaning changed.
-func (h *Handler) provisionCompat() error {
-	share, err := jitterShare(h.Jitter)
-	if err != nil {
-		return fmt.Errorf("rate_limit: %w", err)
+// validateCompat checks caddy-ratelimit's options and its rate_limits (for
+// Handler.validate).
+func (h *Handler) validateCompat() error {
+	if _, err := jitterShare(h.Jitter); err != nil {
+		return inSetting("jitter", err)
 	}
-	h.jitterShare = share
 	if h.SweepInterval < 0 {
-		return errors.New("rate_limit: sweep_interval must not be negative")
+		return inSetting("sweep_interval", errors.New("sweep_interval must not be negative"))
 	}
+	if len(h.RateLimits) == 0 {
+		return nil
+	}
+	if len(h.Zones) > 0 {
+		return errors.New(`both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set; ` +
+			`give every zone in one of them`)
+	}
+	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
+		z, err := h.RateLimits[name].zone(name)
+		if err == nil {
+			err = z.validate()
+		}
+		if err != nil {
+			return fmt.Errorf("rate_limits %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// provisionCompat turns caddy-ratelimit's rate_limits into zones, and warns
+// about what that plugin's users would otherwise miss: options accepted
+// only so that its configurations load, and the ones whose meaning changed.
+func (h *Handler) provisionCompat() error {
+	h.jitterShare, _ = jitterShare(h.Jitter)
 	if err := h.translateRateLimits(); err != nil {
 		return err
 	}
@@ -77,20 +98,12 @@ func (h *Handler) translateRateLimits() error {
 	if len(h.RateLimits) == 0 {
 		return nil
 	}
-	if len(h.Zones) > 0 {
-		return errors.New(`rate_limit: both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set; ` +
-			`give every zone in one of them`)
-	}
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(h.RateLimits))
 	h.Zones = make([]*Zone, 0, len(names))
 	for _, name := range names {
 		z, err := h.RateLimits[name].zone(name)
 		if err != nil {
-			return fmt.Errorf("rate_limit: rate_limits %q: %w", name, err)
+			return fmt.Errorf("rate_limits %q: %w", name, err)
 		}
 		h.Zones = append(h.Zones, z)
 	}

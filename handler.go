@@ -25,23 +25,19 @@ const statusClientClosed = 499
 // exceededPlaceholder names the zone that denied a request.
 const exceededPlaceholder = "http.rate_limit.exceeded.name"
 
-// Provision sets up the zones, the store, the observability and the
-// limiter.
+// Provision checks the configuration (validate), then sets up the zones,
+// the store, the observability and the limiter.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.logger == nil { // tests may set their own
 		h.logger = ctx.Logger()
 	}
-	if h.MaxKeys < 0 {
-		return errors.New("rate_limit: max_keys must not be negative")
+	if err := h.validate(); err != nil {
+		return err
 	}
 	if err := h.provisionDigester(ctx); err != nil {
 		return err
 	}
-	mode, err := parseHeaderMode(h.Headers)
-	if err != nil {
-		return err
-	}
-	h.headers = mode
+	h.headers, _ = parseHeaderMode(h.Headers)
 	if err := h.provisionDenials(); err != nil {
 		return err
 	}
@@ -69,24 +65,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionZones provisions every zone and the handler's RateLimit-Policy
-// field.
+// provisionZones provisions every zone (caddy-ratelimit's rate_limits
+// among them, once translated) and the handler's RateLimit-Policy field.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
-	if len(h.Zones) == 0 {
-		return errors.New("rate_limit: at least one zone is required")
-	}
-	seen := make(map[string]bool, len(h.Zones))
 	policies := make([]string, 0, len(h.Zones))
-	for i, z := range h.Zones {
-		if z == nil {
-			return fmt.Errorf("rate_limit: zone %d is empty", i)
-		}
-		if seen[z.Name] {
-			return fmt.Errorf("rate_limit: duplicate zone name %q", z.Name)
-		}
-		seen[z.Name] = true
+	for _, z := range h.Zones {
 		if err := z.provision(ctx); err != nil {
-			return fmt.Errorf("rate_limit: zone %q: %w", z.Name, err)
+			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
 		h.anyMatch = h.anyMatch || len(z.matchers) > 0
 		policies = append(policies, z.policy)
@@ -160,7 +145,7 @@ func memoryOf(stores ...limiter.Store) *limiter.MemoryStore {
 // Validate checks the configuration after provisioning.
 func (h *Handler) Validate() error {
 	if h.limiter == nil {
-		return errors.New("rate_limit: not provisioned")
+		return errors.New("not provisioned")
 	}
 	return nil
 }

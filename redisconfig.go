@@ -22,8 +22,90 @@ type redisOptions struct {
 	tlsID []any // the TLS settings, for the pool key
 }
 
-// options resolves the connection settings: {env.*} placeholders expanded,
-// checked, and defaults applied.
+// The redis settings that are a string, a flag, a duration or a count, by
+// the name that the JSON and the Caddyfile give them: the Caddyfile adapter
+// sets them through these tables, and validate checks the durations and
+// counts. A zero duration or count is the limiter's default.
+var (
+	redisStrings = []setting[RedisConfig, string]{
+		{"username", func(c *RedisConfig) *string { return &c.Username }},
+		{"password", func(c *RedisConfig) *string { return &c.Password }},
+		{"sentinel_username", func(c *RedisConfig) *string { return &c.SentinelUsername }},
+		{"sentinel_password", func(c *RedisConfig) *string { return &c.SentinelPassword }},
+		{"key_prefix", func(c *RedisConfig) *string { return &c.KeyPrefix }},
+	}
+	redisFlags = []setting[RedisConfig, bool]{
+		{"cluster", func(c *RedisConfig) *bool { return &c.Cluster }},
+		{"disable_identity", func(c *RedisConfig) *bool { return &c.DisableIdentity }},
+	}
+	redisDurations = []setting[RedisConfig, caddy.Duration]{
+		{"dial_timeout", func(c *RedisConfig) *caddy.Duration { return &c.DialTimeout }},
+		{"timeout", func(c *RedisConfig) *caddy.Duration { return &c.Timeout }},
+		{"max_wait", func(c *RedisConfig) *caddy.Duration { return &c.MaxWait }},
+		{"breaker_cooldown", func(c *RedisConfig) *caddy.Duration { return &c.BreakerCooldown }},
+	}
+	redisCounts = []setting[RedisConfig, int]{
+		{"pool_size", func(c *RedisConfig) *int { return &c.PoolSize }},
+		{"pipelines", func(c *RedisConfig) *int { return &c.Pipelines }},
+		{"breaker_failures", func(c *RedisConfig) *int { return &c.BreakerFailures }},
+		{"deny_cache_size", func(c *RedisConfig) *int { return &c.DenyCacheSize }},
+	}
+)
+
+// validate checks the connection settings as configured (before {env.*}
+// placeholders are expanded). The Caddyfile adapter calls it at the end of
+// the redis block, and provisioning before connecting.
+func (c *RedisConfig) validate() error {
+	servers := c.Address != "" || len(c.Addresses) > 0
+	switch {
+	case !servers && c.SentinelMaster == "":
+		return inSetting("address", errors.New("address is required: a server, a Cluster's nodes, or a Sentinel master and its sentinels"))
+	case c.SentinelMaster != "" && len(c.SentinelAddresses) == 0:
+		return inSetting("sentinel", errors.New("a Sentinel master needs at least one sentinel address"))
+	case c.SentinelMaster != "" && servers:
+		return inSetting("sentinel", errors.New("give either sentinels or server addresses, not both: the sentinels find the master"))
+	case c.SentinelMaster != "" && c.Cluster:
+		return inSetting("cluster", errors.New("cluster and sentinel exclude each other: a Cluster has no Sentinel"))
+	case c.DB < 0:
+		return inSetting("db", errors.New("db must not be negative"))
+	case c.DB != 0 && (c.Cluster || len(c.Addresses) > 0):
+		return inSetting("db", errors.New("a Cluster has only db 0"))
+	case c.Protocol != 0 && c.Protocol != 2 && c.Protocol != 3:
+		return inSetting("protocol", fmt.Errorf("protocol must be 2 or 3, got %d", c.Protocol))
+	}
+	for _, s := range redisDurations {
+		if *s.field(c) < 0 {
+			return inSetting(s.name, fmt.Errorf("%s must not be negative", s.name))
+		}
+	}
+	for _, s := range redisCounts {
+		if *s.field(c) < 0 {
+			return inSetting(s.name, fmt.Errorf("%s must not be negative", s.name))
+		}
+	}
+	if c.TLS != nil {
+		if err := c.TLS.validate(); err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+	}
+	return nil
+}
+
+// validate checks the TLS settings without reading the files.
+func (t *RedisTLS) validate() error {
+	switch {
+	case t.Cert != "" && t.Key == "":
+		return inSetting("cert", errors.New("a client certificate needs both cert and key"))
+	case t.Key != "" && t.Cert == "":
+		return inSetting("key", errors.New("a client certificate needs both cert and key"))
+	}
+	return nil
+}
+
+// options resolves the connection settings of a validated configuration:
+// {env.*} placeholders expanded and the TLS files read. Settings left zero
+// stay zero: the limiter applies its defaults (limiter.RedisOptions), and
+// refuses what expanding placeholders emptied.
 func (c *RedisConfig) options() (redisOptions, error) {
 	repl := caddy.NewReplacer()
 	expand := func(v string) string { return repl.ReplaceKnown(v, "") }
@@ -57,40 +139,10 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		BreakerFailures: c.BreakerFailures,
 		BreakerCooldown: time.Duration(c.BreakerCooldown),
 	}}
-	switch {
-	case o.Address == "" && len(o.Addresses) == 0 && o.SentinelMaster == "":
-		return o, errors.New("rate_limit: redis: address is required")
-	case o.SentinelMaster != "" && len(o.SentinelAddresses) == 0:
-		return o, errors.New("rate_limit: redis: sentinel_master needs sentinel_addresses")
-	case o.SentinelMaster != "" && (o.Address != "" || len(o.Addresses) > 0):
-		return o, errors.New("rate_limit: redis: give either sentinels or server addresses, not both")
-	case o.DB < 0:
-		return o, errors.New("rate_limit: redis: db must not be negative")
-	case o.Timeout < 0 || o.DialTimeout < 0:
-		return o, errors.New("rate_limit: redis: timeout must not be negative")
-	case o.MaxWait < 0:
-		return o, errors.New("rate_limit: redis: max_wait must not be negative")
-	case o.BreakerFailures < 0 || o.BreakerCooldown < 0:
-		return o, errors.New("rate_limit: redis: breaker_failures and breaker_cooldown must not be negative")
-	case o.PoolSize < 0:
-		return o, errors.New("rate_limit: redis: pool_size must not be negative")
-	case o.Pipelines < 0:
-		return o, errors.New("rate_limit: redis: pipelines must not be negative")
-	case o.Protocol != 0 && o.Protocol != 2 && o.Protocol != 3:
-		return o, errors.New("rate_limit: redis: protocol must be 2 or 3")
-	case (o.Cluster || len(o.Addresses) > 0) && o.DB != 0:
-		return o, errors.New("rate_limit: redis: a Cluster has only db 0")
-	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = "rl:"
-	}
-	if o.Timeout == 0 {
-		o.Timeout = 25 * time.Millisecond
-	}
 	if c.TLS != nil {
 		cfg, files, err := c.TLS.config()
 		if err != nil {
-			return o, fmt.Errorf("rate_limit: redis: tls: %w", err)
+			return o, fmt.Errorf("redis: tls: %w", err)
 		}
 		o.TLS = cfg
 		o.tlsID = []any{c.TLS.CA, c.TLS.Cert, c.TLS.Key, c.TLS.ServerName, c.TLS.InsecureSkipVerify, files}
@@ -119,9 +171,6 @@ func (t *RedisTLS) config() (*tls.Config, string, error) {
 		}
 		cfg.RootCAs = pool
 		h.Write(pem)
-	}
-	if (t.Cert == "") != (t.Key == "") {
-		return nil, "", errors.New("a client certificate needs both cert and key")
 	}
 	if t.Cert != "" {
 		certPEM, err := os.ReadFile(t.Cert)

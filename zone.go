@@ -131,37 +131,92 @@ const defaultKey = "{http.vars.client_ip}"
 // zoneNameRE is what a zone's name may be.
 var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
+// validate checks the zone as configured. The Caddyfile adapter calls it at
+// the end of the zone block, and the handler's validate before provisioning;
+// a mistake in one setting is a *settingError, and the caller adds the
+// zone's name.
+func (z *Zone) validate() error {
+	if !zoneNameRE.MatchString(z.Name) {
+		return inSetting("name", errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'"))
+	}
+	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
+		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
+	}
+	rule, err := z.compileRule()
+	if err != nil {
+		return inSetting("rule", err)
+	}
+	for _, p := range []struct {
+		name       string
+		bits, most int
+	}{{"ipv4_prefix", z.IPv4Prefix, 32}, {"ipv6_prefix", z.IPv6Prefix, 128}} {
+		if p.bits < 0 || p.bits > p.most {
+			return inSetting(p.name, fmt.Errorf("%s must be 1 to %d, got %d", p.name, p.most, p.bits))
+		}
+	}
+	policy, err := limiter.ParsePolicy(z.OnError)
+	if err != nil {
+		return inSetting("on_error", fmt.Errorf("on_error must be allow, deny or local, got %q", z.OnError))
+	}
+	if z.FleetSize < 0 {
+		return inSetting("fleet_size", limiter.ErrBadFleetSize)
+	}
+	// On a rule of its own: the zone's is set at provisioning.
+	if err := rule.SetFailurePolicy(policy, z.FleetSize); err != nil {
+		return inSetting("fleet_size", err)
+	}
+	for _, e := range z.Key {
+		if strings.TrimSpace(e) == "" {
+			return inSetting("key", errors.New("key expressions must not be empty"))
+		}
+		if err := checkPlaceholders(e); err != nil {
+			return inSetting("key", fmt.Errorf("key %q is not a valid placeholder expression: %w", e, err))
+		}
+	}
+	return z.validateCost(rule)
+}
+
+// validateCost checks the zone's cost: a static one, which must fit in the
+// rule's burst, or a placeholder expression.
+func (z *Zone) validateCost(rule *limiter.Rule) error {
+	switch c := strings.TrimSpace(z.Cost); {
+	case c == "":
+	case strings.ContainsAny(c, "{}"):
+		if err := checkPlaceholders(c); err != nil {
+			return inSetting("cost", fmt.Errorf("cost %q is not a valid placeholder expression: %w", c, err))
+		}
+	default:
+		n, err := strconv.ParseInt(c, 10, 64)
+		if err != nil || n <= 0 {
+			return inSetting("cost", fmt.Errorf("cost must be a positive integer or a placeholder, got %q", c))
+		}
+		if n > rule.Burst {
+			return inSetting("cost", fmt.Errorf("cost %d exceeds burst %d, so no request could ever pass", n, rule.Burst))
+		}
+	}
+	return nil
+}
+
 // provision compiles the zone's rule, keys, cost and matchers, and the
 // header values and errors it answers with.
 func (z *Zone) provision(ctx caddy.Context) error {
-	if !zoneNameRE.MatchString(z.Name) {
-		return errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'")
+	if err := z.validate(); err != nil {
+		return err
 	}
 	rule, err := z.compileRule()
 	if err != nil {
 		return err
 	}
 	z.rule = rule
-	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 || z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
-		return errors.New("ipv4_prefix must be 0 to 32 and ipv6_prefix 0 to 128")
-	}
 	policy, err := limiter.ParsePolicy(z.OnError)
 	if err != nil {
 		return err
 	}
-	if z.FleetSize < 0 {
-		return limiter.ErrBadFleetSize
-	}
 	if err := rule.SetFailurePolicy(policy, z.FleetSize); err != nil {
 		return err
 	}
-
-	if err := z.provisionKeys(); err != nil {
-		return err
-	}
-	if err := z.provisionCost(rule); err != nil {
-		return err
-	}
+	z.provisionKeys()
+	z.provisionCost()
 	if z.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
@@ -180,8 +235,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionKeys compiles the zone's key expressions.
-func (z *Zone) provisionKeys() error {
+// provisionKeys compiles the zone's validated key expressions.
+func (z *Zone) provisionKeys() {
 	exprs := z.Key
 	if len(exprs) == 0 && !z.legacyForm() {
 		// caddy-ratelimit's form keeps no key: one shared bucket.
@@ -189,39 +244,21 @@ func (z *Zone) provisionKeys() error {
 	}
 	z.keys = make([]keyExpr, 0, len(exprs))
 	for _, e := range exprs {
-		if strings.TrimSpace(e) == "" {
-			return errors.New("key expressions must not be empty")
-		}
-		if err := checkPlaceholders(e); err != nil {
-			return fmt.Errorf("key %q: %w", e, err)
-		}
 		z.keys = append(z.keys, newKeyExpr(e))
 	}
-	return nil
 }
 
-// provisionCost compiles the zone's cost: a static one, which must fit in
-// the rule's burst, or a placeholder expression.
-func (z *Zone) provisionCost(rule *limiter.Rule) error {
+// provisionCost compiles the zone's validated cost: a static one, or a
+// placeholder expression.
+func (z *Zone) provisionCost() {
 	switch c := strings.TrimSpace(z.Cost); {
 	case c == "":
 		z.cost = 1
 	case strings.ContainsAny(c, "{}"):
-		if err := checkPlaceholders(c); err != nil {
-			return fmt.Errorf("cost %q: %w", c, err)
-		}
 		z.costExpr = c
 	default:
-		n, err := strconv.ParseInt(c, 10, 64)
-		if err != nil || n <= 0 {
-			return fmt.Errorf("cost %q is neither a positive integer nor a placeholder", c)
-		}
-		if n > rule.Burst {
-			return fmt.Errorf("cost %d exceeds burst %d: no request could ever pass", n, rule.Burst)
-		}
-		z.cost = n
+		z.cost, _ = strconv.ParseInt(c, 10, 64)
 	}
-	return nil
 }
 
 // legacyForm reports whether the zone gives its limit in caddy-ratelimit's
