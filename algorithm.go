@@ -8,8 +8,9 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// compileRule builds the zone's rule from its algorithm and limit, in
-// either form: rate and per, or caddy-ratelimit's window and events.
+// compileRule builds the zone's rule from its algorithm, its limit, in
+// either form (rate and per, or caddy-ratelimit's window and events), and
+// its failure policy.
 func (z *Zone) compileRule() (*limiter.Rule, error) {
 	alg, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
@@ -29,13 +30,20 @@ func (z *Zone) compileRule() (*limiter.Rule, error) {
 		}
 		rate, per = z.Events, time.Duration(z.Window)
 	}
-	switch {
-	case z.Burst != 0 && alg != limiter.TokenBucket && alg != limiter.LeakyBucket:
-		return nil, errors.New("burst applies to token_bucket and leaky_bucket only (a window algorithm admits rate per window)")
-	case z.MaxDelay != 0 && alg != limiter.LeakyBucket:
-		return nil, errors.New("max_delay applies to leaky_bucket only")
+	policy, err := limiter.ParsePolicy(z.OnError)
+	if err != nil {
+		return nil, err
 	}
-	return limiter.NewAlgorithmRule(z.Name, alg, rate, per, z.Burst, time.Duration(z.MaxDelay))
+	return limiter.NewRule(limiter.RuleConfig{
+		Name:      z.Name,
+		Algorithm: alg,
+		Rate:      rate,
+		Per:       per,
+		Burst:     z.Burst,
+		MaxDelay:  time.Duration(z.MaxDelay),
+		OnError:   policy,
+		FleetSize: z.FleetSize,
+	})
 }
 
 // networkOf returns the network of an IP address key, as a prefix of the

@@ -107,8 +107,8 @@ func TestRateLimitsJSON(t *testing.T) {
 			t.Errorf("zone %d: %s window %v events %d key %q prefixes %d/%d matchers %d, want %+v",
 				i, z.Name, time.Duration(z.Window), z.Events, z.Key, z.IPv4Prefix, z.IPv6Prefix, len(z.matchers), w)
 		}
-		if z.rule.Algorithm != limiter.SlidingLog || z.rule.Rate != w.events {
-			t.Errorf("zone %s: algorithm %v rate %d, want sliding_log %d", z.Name, z.rule.Algorithm, z.rule.Rate, w.events)
+		if z.rule.Algorithm() != limiter.SlidingLog || z.rule.Rate() != w.events {
+			t.Errorf("zone %s: algorithm %v rate %d, want sliding_log %d", z.Name, z.rule.Algorithm(), z.rule.Rate(), w.events)
 		}
 	}
 	if n := len(h.Zones[0].keys); n != 0 {

@@ -91,7 +91,7 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 		opt.Cache = limiter.NewDenyCache(limiter.DenyCacheOptions{Size: h.Redis.DenyCacheSize})
 	}
 	for _, z := range h.Zones {
-		if z.rule.OnError == limiter.PolicyLocal && opt.Local == nil {
+		if z.rule.OnError() == limiter.PolicyLocal && opt.Local == nil {
 			// The fallback buckets live in this node's memory store,
 			// which outlives reloads like the Redis client does.
 			local, err := h.loadMemoryStore()

@@ -142,6 +142,14 @@ func (z *Zone) validate() error {
 	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
 		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
 	}
+	// The failure policy is compiled into the rule: checked first, so
+	// that its mistakes name their own setting.
+	if _, err := limiter.ParsePolicy(z.OnError); err != nil {
+		return inSetting("on_error", fmt.Errorf("on_error must be allow, deny or local, got %q", z.OnError))
+	}
+	if z.FleetSize < 0 {
+		return inSetting("fleet_size", limiter.ErrBadFleetSize)
+	}
 	rule, err := z.compileRule()
 	if err != nil {
 		return inSetting("rule", err)
@@ -153,17 +161,6 @@ func (z *Zone) validate() error {
 		if p.bits < 0 || p.bits > p.most {
 			return inSetting(p.name, fmt.Errorf("%s must be 1 to %d, got %d", p.name, p.most, p.bits))
 		}
-	}
-	policy, err := limiter.ParsePolicy(z.OnError)
-	if err != nil {
-		return inSetting("on_error", fmt.Errorf("on_error must be allow, deny or local, got %q", z.OnError))
-	}
-	if z.FleetSize < 0 {
-		return inSetting("fleet_size", limiter.ErrBadFleetSize)
-	}
-	// On a rule of its own: the zone's is set at provisioning.
-	if err := rule.SetFailurePolicy(policy, z.FleetSize); err != nil {
-		return inSetting("fleet_size", err)
 	}
 	for _, e := range z.Key {
 		if strings.TrimSpace(e) == "" {
@@ -190,8 +187,8 @@ func (z *Zone) validateCost(rule *limiter.Rule) error {
 		if err != nil || n <= 0 {
 			return inSetting("cost", fmt.Errorf("cost must be a positive integer or a placeholder, got %q", c))
 		}
-		if n > rule.Burst {
-			return inSetting("cost", fmt.Errorf("cost %d exceeds burst %d, so no request could ever pass", n, rule.Burst))
+		if n > rule.Burst() {
+			return inSetting("cost", fmt.Errorf("cost %d exceeds burst %d, so no request could ever pass", n, rule.Burst()))
 		}
 	}
 	return nil
@@ -208,13 +205,6 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		return err
 	}
 	z.rule = rule
-	policy, err := limiter.ParsePolicy(z.OnError)
-	if err != nil {
-		return err
-	}
-	if err := rule.SetFailurePolicy(policy, z.FleetSize); err != nil {
-		return err
-	}
 	z.provisionKeys()
 	z.provisionCost()
 	if z.MatcherSetsRaw != nil {
@@ -227,8 +217,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		}
 	}
 
-	z.rateText = strconv.FormatInt(rule.Rate, 10)
-	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate, 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
+	z.rateText = strconv.FormatInt(rule.Rate(), 10)
+	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate(), 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
 	z.errDenied = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
 	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)

@@ -104,10 +104,12 @@ var (
 	ErrMaxDelay     = errors.New("max_delay must not be negative")
 )
 
-// NewAlgorithmRule compiles a rule for any algorithm: rate per period, the
-// burst (token and leaky bucket; 0 means rate) and, for the leaky bucket,
-// the longest a request may wait (0 means as long as the queue allows).
-func NewAlgorithmRule(name string, alg Algorithm, rate int64, per time.Duration, burst int64, maxDelay time.Duration) (*Rule, error) {
+// compileRule compiles the limit of a rule for any algorithm (NewRule adds
+// the failure policy): rate per period, the burst (token and leaky bucket;
+// 0 means rate; ignored by the windows) and, for the leaky bucket, the
+// longest a request may wait (0 means as long as the queue allows).
+func compileRule(cfg RuleConfig) (*Rule, error) {
+	name, alg, rate, per := cfg.Name, cfg.Algorithm, cfg.Rate, cfg.Per
 	if alg.windowed() {
 		if rate <= 0 {
 			return nil, ErrBadRate
@@ -118,21 +120,21 @@ func NewAlgorithmRule(name string, alg Algorithm, rate int64, per time.Duration,
 		if per < time.Millisecond || per%time.Millisecond != 0 || int64(per/time.Millisecond) >= maxSlidingWindowMS {
 			return nil, ErrWindowLength
 		}
-		return &Rule{Name: name, Bucket: bucketName(name, alg), Algorithm: alg, Rate: rate, Per: per, Burst: rate, Exact: true,
-			WindowUS: int64(per / time.Microsecond)}, nil
+		return &Rule{name: name, bucket: bucketName(name, alg), alg: alg, rate: rate, per: per, burst: rate, exact: true,
+			windowUS: int64(per / time.Microsecond)}, nil
 	}
-	r, err := NewRule(name, rate, per, burst)
+	r, err := newBucketRule(name, rate, per, cfg.Burst)
 	if err != nil {
 		return nil, err
 	}
-	r.Algorithm = alg
+	r.alg = alg
 	if alg == LeakyBucket {
-		if maxDelay < 0 {
+		if cfg.MaxDelay < 0 {
 			return nil, ErrMaxDelay
 		}
-		r.MaxDelayUS = int64(maxDelay / time.Microsecond)
-		if maxDelay == 0 || r.MaxDelayUS > r.Capacity/r.Denom {
-			r.MaxDelayUS = ceilDiv(r.Capacity, r.Denom) // the queue is the bound
+		r.maxDelayUS = int64(cfg.MaxDelay / time.Microsecond)
+		if cfg.MaxDelay == 0 || r.maxDelayUS > r.capacity/r.denom {
+			r.maxDelayUS = ceilDiv(r.capacity, r.denom) // the queue is the bound
 		}
 	}
 	return r, nil
@@ -162,7 +164,7 @@ type verdict struct {
 // microsecond now. It changes nothing. (The sliding log keeps a log, not a
 // State: see logCheck.)
 func (r *Rule) check(s State, now, cost int64) verdict {
-	switch r.Algorithm {
+	switch r.alg {
 	case FixedWindow:
 		return r.fixedCheck(s, now, cost)
 	case SlidingWindow:
@@ -177,11 +179,11 @@ func (r *Rule) check(s State, now, cost int64) verdict {
 // microsecond now, and the microsecond from which it counts nothing (the
 // window it counts in has passed, or the bucket is full again).
 func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
-	switch r.Algorithm {
+	switch r.alg {
 	case FixedWindow:
-		return r.windowState(now, 0, v.curr+cost), now + r.WindowUS - v.elapsed
+		return r.windowState(now, 0, v.curr+cost), now + r.windowUS - v.elapsed
 	case SlidingWindow:
-		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.WindowUS - v.elapsed
+		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
 	}
 	st := r.stateAt(now, v.after)
 	return st, st.fullAt()
@@ -190,7 +192,7 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 // result turns a verdict into the zone's Result. charged says whether the
 // request was admitted by every zone and so charged to this one.
 func (r *Rule) result(v verdict, charged bool, cost int64) Result {
-	switch r.Algorithm {
+	switch r.alg {
 	case FixedWindow:
 		return r.fixedResult(v, charged, cost)
 	case SlidingWindow:
@@ -207,13 +209,13 @@ func (r *Rule) result(v verdict, charged bool, cost int64) Result {
 // those whose state is a time relative to now (token and leaky bucket).
 // Window states are tied to the store's clock, which a node cannot read.
 func (r *Rule) cacheable() bool {
-	return r.Algorithm == TokenBucket || r.Algorithm == LeakyBucket
+	return r.alg == TokenBucket || r.alg == LeakyBucket
 }
 
 // windowState packs a window algorithm's state: the index of the current
 // window modulo 1024, and two 21-bit counters (previous, current).
 func (r *Rule) windowState(now, prev, curr int64) State {
-	idx := (now / r.WindowUS) % windowIdxMod
+	idx := (now / r.windowUS) % windowIdxMod
 	return State(idx<<(2*counterBits) | prev<<counterBits | curr)
 }
 
@@ -221,8 +223,8 @@ func (r *Rule) windowState(now, prev, curr int64) State {
 // counts of the previous and current windows (zero for windows the state
 // does not know), and the microseconds into the current window.
 func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
-	w := now / r.WindowUS
-	elapsed = now - w*r.WindowUS
+	w := now / r.windowUS
+	elapsed = now - w*r.windowUS
 	if s >= maxWindowState {
 		// A token or leaky bucket's state (a time x 1000, far above any
 		// packed counters): the zone changed algorithm; start afresh.
@@ -248,20 +250,20 @@ func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
 func (r *Rule) scriptArgs() []any {
 	r.argsOnce.Do(func() {
 		p := r.scriptParams()
-		r.args = []any{int64(r.Algorithm), p[0], p[1], p[2], p[3]}
+		r.args = []any{int64(r.alg), p[0], p[1], p[2], p[3]}
 	})
 	return r.args
 }
 
 // scriptParams returns the rule's four parameters for the Redis scripts.
 func (r *Rule) scriptParams() [4]int64 {
-	switch r.Algorithm {
+	switch r.alg {
 	case FixedWindow, SlidingWindow, SlidingLog:
-		return [4]int64{r.WindowUS, r.Rate, 0, 0}
+		return [4]int64{r.windowUS, r.rate, 0, 0}
 	case LeakyBucket:
-		return [4]int64{r.Denom, r.Interval, r.Burst, r.MaxDelayUS}
+		return [4]int64{r.denom, r.interval, r.burst, r.maxDelayUS}
 	}
-	return [4]int64{r.Denom, r.Interval, r.Burst, 0}
+	return [4]int64{r.denom, r.interval, r.burst, 0}
 }
 
 // fromReply rebuilds a verdict from the four numbers the script reports
@@ -269,7 +271,7 @@ func (r *Rule) scriptParams() [4]int64 {
 // depend on the algorithm.
 func (r *Rule) fromReply(vals [4]int64) verdict {
 	v := verdict{ok: vals[0] == 1, never: vals[0] == 2}
-	switch r.Algorithm {
+	switch r.alg {
 	case FixedWindow:
 		v.curr, v.elapsed = vals[1], vals[2]
 	case SlidingWindow:

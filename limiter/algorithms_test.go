@@ -14,11 +14,7 @@ import (
 
 func mustAlgRule(t testing.TB, name string, alg Algorithm, rate int64, per time.Duration, burst int64, maxDelay time.Duration) *Rule {
 	t.Helper()
-	r, err := NewAlgorithmRule(name, alg, rate, per, burst, maxDelay)
-	if err != nil {
-		t.Fatalf("NewAlgorithmRule(%q, %v, %d, %s): %v", name, alg, rate, per, err)
-	}
-	return r
+	return mustConfig(t, RuleConfig{Name: name, Algorithm: alg, Rate: rate, Per: per, Burst: burst, MaxDelay: maxDelay})
 }
 
 // TestAlgorithmsRedisMatchesMemory replays random traces (times, keys,
@@ -75,9 +71,9 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 					case x < 14:
 						cost = 0
 					case x < 19:
-						cost = rng.Int64N(r.Burst + 1)
+						cost = rng.Int64N(r.burst + 1)
 					default:
-						cost = r.Burst + 1
+						cost = r.burst + 1
 					}
 					reqs[i] = Request{Rule: r, Key: key, Cost: cost}
 				}
@@ -87,13 +83,13 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 				for i, q := range reqs {
 					switch {
 					case ok && got[i].Delay > 0:
-						counts[q.Rule.Algorithm.String()+" delayed"]++
+						counts[q.Rule.alg.String()+" delayed"]++
 					case ok:
-						counts[q.Rule.Algorithm.String()+" admitted"]++
+						counts[q.Rule.alg.String()+" admitted"]++
 					case !got[i].Allowed && got[i].RetryAfter == Never:
-						counts[q.Rule.Algorithm.String()+" never"]++
+						counts[q.Rule.alg.String()+" never"]++
 					case !got[i].Allowed:
-						counts[q.Rule.Algorithm.String()+" denied"]++
+						counts[q.Rule.alg.String()+" denied"]++
 					}
 				}
 			}
@@ -264,10 +260,10 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 		res := make([]Result, 1)
 		for range tc.requests {
 			if ok, err := rs.Decide(ctx, reqs, res); !ok || err != nil {
-				t.Fatalf("%s: %v %v", r.Algorithm, ok, err)
+				t.Fatalf("%s: %v %v", r.alg, ok, err)
 			}
 		}
-		redisKey := rs.Key(r.Bucket, key)
+		redisKey := rs.Key(r.bucket, key)
 		usage, _ := strconv.Atoi(srv.MustDo("MEMORY", "USAGE", redisKey))
 		enc := srv.MustDo("OBJECT", "ENCODING", redisKey)
 		srv.MustDo("DEL", redisKey)
@@ -285,7 +281,7 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 			reqs[0].Key = k
 			for range tc.requests {
 				if ok, _ := ms.Decide(ctx, reqs, res); !ok {
-					t.Fatalf("%s: memory store denied key %s", r.Algorithm, k)
+					t.Fatalf("%s: memory store denied key %s", r.alg, k)
 				}
 			}
 		}
@@ -295,12 +291,12 @@ func TestBytesPerKeyByAlgorithm(t *testing.T) {
 		runtime.KeepAlive(keys)
 		_ = ms.Close()
 		t.Logf("%-14s Redis MEMORY USAGE %4d bytes (%s, %d request(s) in the window); memory store %6.1f bytes per key over %d keys",
-			r.Algorithm, usage, enc, tc.requests, perKey, n)
+			r.alg, usage, enc, tc.requests, perKey, n)
 		if usage > tc.redisMax {
-			t.Errorf("%s: %d bytes in Redis, want at most %d", r.Algorithm, usage, tc.redisMax)
+			t.Errorf("%s: %d bytes in Redis, want at most %d", r.alg, usage, tc.redisMax)
 		}
 		if perKey > tc.memMax {
-			t.Errorf("%s: %.1f bytes per key in memory, want at most %.0f", r.Algorithm, perKey, tc.memMax)
+			t.Errorf("%s: %.1f bytes per key in memory, want at most %.0f", r.alg, perKey, tc.memMax)
 		}
 	}
 }
@@ -338,7 +334,7 @@ func TestAlgorithmChangeStartsFresh(t *testing.T) {
 			spend(p[0], key, 4)
 			clk.add(1)
 			if res := spend(p[1], key, 4); !res.Allowed || res.Remaining != 1 {
-				t.Errorf("%s: %s then %s: %+v, want a fresh limit (4 admitted, 1 left)", key, p[0].Algorithm, p[1].Algorithm, res)
+				t.Errorf("%s: %s then %s: %+v, want a fresh limit (4 admitted, 1 left)", key, p[0].alg, p[1].alg, res)
 			}
 		}
 		// Within a family: the leaky bucket sees what the token bucket owes.

@@ -60,12 +60,9 @@ func TestFailurePolicyLocal(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
 	l := New(failingStore{}, Options{Local: newMemory(t, clk)})
-	local := mustRule(t, "search", 30, time.Minute, 30)
-	if err := local.SetFailurePolicy(PolicyLocal, 3); err != nil {
-		t.Fatal(err)
-	}
-	if local.Local.Burst != 10 || local.Local.Per != 3*time.Minute || local.Local.Rate != 30 {
-		t.Fatalf("local rule %v, want 30 per 3m (10 per minute), burst 10", local.Local)
+	local := mustConfig(t, RuleConfig{Name: "search", Rate: 30, Per: time.Minute, Burst: 30, OnError: PolicyLocal, FleetSize: 3})
+	if local.local.burst != 10 || local.local.per != 3*time.Minute || local.local.rate != 30 {
+		t.Fatalf("local rule %v, want 30 per 3m (10 per minute), burst 10", local.local)
 	}
 	res := make([]Result, 1)
 	admitted := 0
@@ -81,10 +78,7 @@ func TestFailurePolicyLocal(t *testing.T) {
 	if admitted != 10 {
 		t.Fatalf("local bucket admitted %d, want its burst of 10", admitted)
 	}
-	deny := mustRule(t, "login", 5, time.Minute, 5)
-	if err := deny.SetFailurePolicy(PolicyDeny, 1); err != nil {
-		t.Fatal(err)
-	}
+	deny := mustConfig(t, RuleConfig{Name: "login", Rate: 5, Per: time.Minute, Burst: 5, OnError: PolicyDeny, FleetSize: 1})
 	allow := mustRule(t, "api", 5, time.Minute, 5)
 	two := []Result{{}, {}}
 	if got := l.Decide(context.Background(), []Request{{Rule: allow, Key: "k", Cost: 1}, {Rule: deny, Key: "k", Cost: 1}}, two); got != FailedClosed {

@@ -21,10 +21,7 @@ func (canceledStore) Decide(ctx context.Context, _ []Request, _ []Result) (bool,
 // failure policy applies.
 func TestCanceledIsNotAFailure(t *testing.T) {
 	t.Parallel()
-	r := mustRule(t, "api", 10, time.Second, 0)
-	if err := r.SetFailurePolicy(PolicyDeny, 0); err != nil {
-		t.Fatal(err)
-	}
+	r := mustConfig(t, RuleConfig{Name: "api", Rate: 10, Per: time.Second, Burst: 0, OnError: PolicyDeny, FleetSize: 0})
 	reqs := []Request{{Rule: r, Key: "k", Cost: 1}}
 
 	// In the store.

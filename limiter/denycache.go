@@ -116,7 +116,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 		if !r.cacheable() {
 			continue
 		}
-		id := c.hash.id(r.Bucket, reqs[i].Key)
+		id := c.hash.id(r.bucket, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
 		st, ok := sh.m[id]
@@ -186,7 +186,7 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)
 		r := reqs[i].Rule
 		st := r.stateAt(sent, res.owed)
-		id := c.hash.id(r.Bucket, reqs[i].Key)
+		id := c.hash.id(r.bucket, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
 		old, ok := sh.m[id]

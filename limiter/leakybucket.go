@@ -3,27 +3,27 @@ package limiter
 // leakyCheck evaluates a request against a leaky bucket used as a shaper:
 // its state is a token bucket's (the time the queue drains), the request
 // may wait for its turn as long as at most Burst tokens are queued with it
-// and its wait is at most MaxDelayUS; then it proceeds at the bucket's
+// and its wait is at most maxDelayUS; then it proceeds at the bucket's
 // steady rate.
 func (r *Rule) leakyCheck(s State, now, cost int64) verdict {
 	d := r.debt(s, now)
-	if cost > r.Burst {
+	if cost > r.burst {
 		return verdict{debt: d, after: d, never: true}
 	}
-	after := d + cost*r.Interval
-	return verdict{debt: d, after: after, ok: after <= r.Capacity && ceilDiv(d, r.Denom) <= r.MaxDelayUS}
+	after := d + cost*r.interval
+	return verdict{debt: d, after: after, ok: after <= r.capacity && ceilDiv(d, r.denom) <= r.maxDelayUS}
 }
 
 // leakyResult is the token bucket's result (Remaining: the tokens the queue
 // can still take; ResetAfter: until it drains) with the request's Delay,
-// and a RetryAfter that also waits for the delay to fit MaxDelayUS.
+// and a RetryAfter that also waits for the delay to fit maxDelayUS.
 func (r *Rule) leakyResult(v verdict, charged bool) Result {
 	res := r.tbResult(v, charged)
 	switch {
 	case charged:
-		res.Delay = us(ceilDiv(v.debt, r.Denom))
+		res.Delay = us(ceilDiv(v.debt, r.denom))
 	case !v.ok && !v.never:
-		retry := max(ceilDiv(v.after-r.Capacity, r.Denom), ceilDiv(v.debt, r.Denom)-r.MaxDelayUS, 1)
+		retry := max(ceilDiv(v.after-r.capacity, r.denom), ceilDiv(v.debt, r.denom)-r.maxDelayUS, 1)
 		res.RetryAfter = us(retry)
 	}
 	return res

@@ -240,11 +240,11 @@ func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, er
 	l.logFailure(err)
 	deny, local := false, false
 	for i := range reqs {
-		switch reqs[i].Rule.OnError {
+		switch reqs[i].Rule.onError {
 		case PolicyDeny:
 			deny = true
 		case PolicyLocal:
-			local = local || reqs[i].Rule.Local != nil
+			local = local || reqs[i].Rule.local != nil
 		}
 		results[i] = Result{Allowed: true, Unknown: true}
 	}
@@ -255,7 +255,7 @@ func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, er
 			retry = max(retry, b.Breaker().RetryAfter())
 		}
 		for i := range reqs {
-			if reqs[i].Rule.OnError == PolicyDeny {
+			if reqs[i].Rule.onError == PolicyDeny {
 				results[i] = Result{RetryAfter: retry, Unknown: true}
 			}
 		}
@@ -278,7 +278,7 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		view = l.fleet()
 	}
 	for i := range reqs {
-		if r := reqs[i].Rule; r.OnError == PolicyLocal && r.Local != nil {
+		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
 			local, divisor := r.localFor(view)
 			l.logFallback(r, divisor)
 			lreqs = append(lreqs, Request{Rule: local, Key: reqs[i].Key, Cost: reqs[i].Cost})
@@ -320,12 +320,12 @@ func (l *Limiter) logFallback(r *Rule, divisor int64) {
 		return
 	}
 	source := "the nodes seen by the fleet view in the last 10s"
-	if r.FleetSize > 0 {
+	if r.fleetSize > 0 {
 		source = "fleet_size"
 	}
 	l.log.Warn("rate limit store cannot decide; zones with on_error local limit on this node's own buckets",
-		zap.String("zone", r.Name), zap.Int64("divisor", divisor), zap.String("divisor_from", source),
-		zap.Int64("node_rate", max(1, r.Rate/divisor)), zap.Duration("per", r.Per))
+		zap.String("zone", r.name), zap.Int64("divisor", divisor), zap.String("divisor_from", source),
+		zap.Int64("node_rate", max(1, r.rate/divisor)), zap.Duration("per", r.per))
 }
 
 // Failures returns how many decisions failed over to the policy so far.

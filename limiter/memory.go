@@ -103,7 +103,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	var lockBuf [8]uint8
 	ids, verdicts, locks := idBuf[:0], verdictBuf[:0], lockBuf[:0]
 	for i := range reqs {
-		id := s.hash.id(reqs[i].Rule.Bucket, reqs[i].Key)
+		id := s.hash.id(reqs[i].Rule.bucket, reqs[i].Key)
 		ids = append(ids, id)
 		locks = insertSorted(locks, id.shard())
 	}
@@ -116,7 +116,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	for i := range reqs {
 		r, sh := reqs[i].Rule, &s.shards[ids[i].shard()]
 		var v verdict
-		if r.Algorithm == SlidingLog {
+		if r.alg == SlidingLog {
 			if lb := sh.logs[ids[i]]; lb != nil {
 				v, lb.entries = r.logCheck(lb.entries, now, reqs[i].Cost)
 			} else {
@@ -136,7 +136,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 		r, cost := reqs[i].Rule, reqs[i].Cost
 		if admit && cost > 0 {
 			sh := &s.shards[ids[i].shard()]
-			if r.Algorithm == SlidingLog {
+			if r.alg == SlidingLog {
 				lb := sh.logs[ids[i]]
 				if lb == nil {
 					s.makeRoom(sh, limit, now)
@@ -144,7 +144,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 					sh.logs[ids[i]] = lb
 				}
 				lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
-				lb.expires = now + r.WindowUS
+				lb.expires = now + r.windowUS
 			} else {
 				if limit > 0 {
 					if _, ok := sh.m[ids[i]]; !ok {
@@ -253,7 +253,7 @@ func (s *MemoryStore) SetSweepInterval(d time.Duration) {
 }
 
 // Evictions returns how many buckets of the zone whose buckets are named
-// bucket (Rule.Bucket) were evicted before they were full to make room for
+// bucket (Rule.Bucket()) were evicted before they were full to make room for
 // new keys.
 func (s *MemoryStore) Evictions(bucket string) uint64 {
 	tag := s.hash.tag(bucket)

@@ -94,7 +94,7 @@ func TestMemoryMaxKeysSlidingLogs(t *testing.T) {
 	clk := newTestClock(epoch)
 	s := newMemory(t, clk)
 	s.SetMaxKeys(640)
-	r, err := NewAlgorithmRule("log", SlidingLog, 5, time.Minute, 0, 0)
+	r, err := NewRule(RuleConfig{Name: "log", Algorithm: SlidingLog, Rate: 5, Per: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestMemoryMaxKeysSlidingLogs(t *testing.T) {
 	if s.Len() > s.MaxKeys() {
 		t.Fatalf("Len() = %d, bound %d", s.Len(), s.MaxKeys())
 	}
-	if s.Evictions(r.Bucket) == 0 {
+	if s.Evictions(r.bucket) == 0 {
 		t.Fatal("no sliding log evicted")
 	}
 }

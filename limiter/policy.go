@@ -57,29 +57,23 @@ func (p Policy) String() string {
 // ErrBadFleetSize is returned for a negative fleet size.
 var ErrBadFleetSize = errors.New("fleet_size must be a positive integer")
 
-// SetFailurePolicy sets what the zone does when the store fails. For
-// PolicyLocal, fleetSize is how many nodes share the limit: each node's
-// local bucket gets the rate divided by it (for the buckets exactly: the
-// same tokens over a period fleetSize times longer; for the windows, the
-// count per window) and the burst divided by it, at least 1. A fleetSize
-// of 0 leaves the divisor to the limiter: the nodes its fleet view saw
-// lately (see Options.FleetSize), 1 when it has none; Local is then the
-// rule for 1.
-func (r *Rule) SetFailurePolicy(p Policy, fleetSize int64) error {
-	r.OnError = p
-	r.Local, r.FleetSize = nil, 0
-	r.locals.Store(nil)
-	if p != PolicyLocal {
-		return nil
-	}
+// setFailurePolicy sets, while NewRule builds the rule, what the zone does
+// when the store fails, and for PolicyLocal the rule of the fallback
+// bucket (see RuleConfig.FleetSize): for a fleetSize of 0 the rule for 1,
+// the others being built by localFor.
+func (r *Rule) setFailurePolicy(p Policy, fleetSize int64) error {
 	if fleetSize < 0 {
 		return ErrBadFleetSize
+	}
+	r.onError = p
+	if p != PolicyLocal {
+		return nil
 	}
 	local, err := r.localRule(max(1, fleetSize))
 	if err != nil {
 		return fmt.Errorf("local bucket for fleet_size %d: %w", fleetSize, err)
 	}
-	r.Local, r.FleetSize = local, fleetSize
+	r.local, r.fleetSize = local, fleetSize
 	return nil
 }
 
@@ -87,11 +81,16 @@ func (r *Rule) SetFailurePolicy(p Policy, fleetSize int64) error {
 func (r *Rule) localRule(n int64) (*Rule, error) {
 	// Buckets: the same tokens over a period n times longer.
 	// Windows: the window stays, the count is divided.
-	rate, per := r.Rate, r.Per*time.Duration(n)
-	if r.Algorithm.windowed() {
-		rate, per = max(1, r.Rate/n), r.Per
+	rate, per := r.rate, r.per*time.Duration(n)
+	if r.alg.windowed() {
+		rate, per = max(1, r.rate/n), r.per
 	}
-	return NewAlgorithmRule(r.Name+"#local", r.Algorithm, rate, per, max(1, r.Burst/n), time.Duration(r.MaxDelayUS)*time.Microsecond)
+	cfg := RuleConfig{Name: r.name + "#local", Algorithm: r.alg, Rate: rate, Per: per,
+		MaxDelay: time.Duration(r.maxDelayUS) * time.Microsecond}
+	if !r.alg.windowed() {
+		cfg.Burst = max(1, r.burst/n)
+	}
+	return compileRule(cfg)
 }
 
 // maxFleetDivisor bounds the fleet size a fleet view can set: the local
@@ -106,22 +105,22 @@ type localSized struct {
 }
 
 // localFor returns the rule of this node's fallback bucket when fleetView
-// nodes were seen lately: Local when the fleet size is fixed, otherwise a
+// nodes were seen lately: r.local when the fleet size is fixed, otherwise a
 // rule for fleetView nodes, built once per change of the fleet's size.
 func (r *Rule) localFor(fleetView int64) (rule *Rule, divisor int64) {
-	if r.FleetSize > 0 || r.Local == nil {
-		return r.Local, max(1, r.FleetSize)
+	if r.fleetSize > 0 || r.local == nil {
+		return r.local, max(1, r.fleetSize)
 	}
 	n := min(max(1, fleetView), maxFleetDivisor)
 	if n == 1 {
-		return r.Local, 1
+		return r.local, 1
 	}
 	if l := r.locals.Load(); l != nil && l.n == n {
 		return l.rule, n
 	}
 	local, err := r.localRule(n)
 	if err != nil { // too fine to count: keep the coarser rule
-		return r.Local, 1
+		return r.local, 1
 	}
 	r.locals.Store(&localSized{n: n, rule: local})
 	return local, n

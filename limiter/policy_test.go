@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,10 +33,7 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 	nodes.Store(4)
 	core, logs := observer.New(zap.InfoLevel)
 	l := New(failingStore{}, Options{Local: newMemory(t, clk), FleetSize: nodes.Load, Log: zap.New(core)})
-	r := mustRule(t, "api", 40, time.Minute, 40)
-	if err := r.SetFailurePolicy(PolicyLocal, 0); err != nil {
-		t.Fatal(err)
-	}
+	r := mustConfig(t, RuleConfig{Name: "api", Rate: 40, Per: time.Minute, Burst: 40, OnError: PolicyLocal, FleetSize: 0})
 	count := func(key string, n int) int {
 		res := make([]Result, 1)
 		admitted := 0
@@ -70,10 +68,7 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 	}
 
 	// A fixed fleet_size wins over the view.
-	fixed := mustRule(t, "fixed", 40, time.Minute, 40)
-	if err := fixed.SetFailurePolicy(PolicyLocal, 8); err != nil {
-		t.Fatal(err)
-	}
+	fixed := mustConfig(t, RuleConfig{Name: "fixed", Rate: 40, Per: time.Minute, Burst: 40, OnError: PolicyLocal, FleetSize: 8})
 	nodes.Store(2)
 	res := make([]Result, 1)
 	admitted := 0
@@ -84,5 +79,30 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 	}
 	if admitted != 5 {
 		t.Fatalf("fleet_size 8: admitted %d, want 5", admitted)
+	}
+}
+
+// TestNewRuleRejectsMisfits: NewRule validates the whole configuration:
+// settings of another algorithm and a negative fleet size are errors.
+func TestNewRuleRejectsMisfits(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		cfg  RuleConfig
+		want error
+	}{
+		{"burst of a window", RuleConfig{Algorithm: FixedWindow, Rate: 5, Per: time.Second, Burst: 5}, ErrBurstNotApplicable},
+		{"max delay of a token bucket", RuleConfig{Rate: 5, Per: time.Second, MaxDelay: time.Second}, ErrMaxDelayNotApplicable},
+		{"negative max delay", RuleConfig{Algorithm: LeakyBucket, Rate: 5, Per: time.Second, MaxDelay: -1}, ErrMaxDelay},
+		{"negative fleet size", RuleConfig{Rate: 5, Per: time.Second, OnError: PolicyDeny, FleetSize: -1}, ErrBadFleetSize},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.cfg.Name = "z"
+			if r, err := NewRule(tc.cfg); !errors.Is(err, tc.want) || r != nil {
+				t.Fatalf("NewRule(%+v) = %v, %v; want error %v", tc.cfg, r, err, tc.want)
+			}
+		})
 	}
 }

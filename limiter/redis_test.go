@@ -114,9 +114,9 @@ func TestRedisMatchesMemory(t *testing.T) {
 					case x < 14:
 						cost = 0
 					case x < 18:
-						cost = rng.Int64N(r.Burst + 1)
+						cost = rng.Int64N(r.burst + 1)
 					default:
-						cost = r.Burst + rng.Int64N(2)
+						cost = r.burst + rng.Int64N(2)
 					}
 					reqs[i] = Request{Rule: r, Key: k, Cost: cost}
 				}
@@ -221,13 +221,13 @@ func describe(reqs []Request) string {
 func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request, now int64, sent time.Time) {
 	t.Helper()
 	for _, q := range reqs {
-		id := ms.hash.id(q.Rule.Bucket, q.Key)
+		id := ms.hash.id(q.Rule.bucket, q.Key)
 		sh := &ms.shards[id[0]%numShards]
 		sh.mu.Lock()
 		e, inMemory := sh.m[id]
 		st := e.state
 		sh.mu.Unlock()
-		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.Bucket, q.Key)).Result()
+		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.bucket, q.Key)).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			// The TTL is at least the time to full, counted from
@@ -236,12 +236,12 @@ func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request
 			elapsed := int64(time.Since(sent)/time.Microsecond) + 2000
 			if inMemory && st.fullAt()-now > elapsed {
 				t.Fatalf("%s key %q: gone from Redis %dus after the decision, but the memory store's bucket %d is full only at +%dus",
-					q.Rule.Name, q.Key, elapsed, st, st.fullAt()-now)
+					q.Rule.name, q.Key, elapsed, st, st.fullAt()-now)
 			}
 		case err != nil:
 			t.Fatalf("GET: %v", err)
 		case v != strconv.FormatInt(int64(st), 10):
-			t.Fatalf("%s key %q: Redis holds %q, the memory store %d", q.Rule.Name, q.Key, v, st)
+			t.Fatalf("%s key %q: Redis holds %q, the memory store %d", q.Rule.name, q.Key, v, st)
 		}
 	}
 }
@@ -264,8 +264,8 @@ func TestRedisRecoversFromScriptFlush(t *testing.T) {
 			spent++
 			// NOSCRIPT means the script did not run: resending it
 			// charges the bucket once, not twice.
-			if !ok || res.Remaining != r.Burst-spent {
-				t.Fatalf("round %d: %v %+v, want %d remaining", round, ok, res, r.Burst-spent)
+			if !ok || res.Remaining != r.burst-spent {
+				t.Fatalf("round %d: %v %+v, want %d remaining", round, ok, res, r.burst-spent)
 			}
 		}
 	}
@@ -301,8 +301,8 @@ func TestRedisRecoversFromRestart(t *testing.T) {
 		if t.Failed() {
 			t.FailNow()
 		}
-		if _, res := decideOne(t, rs, r, "client", 0); admitted.Load() != 8 || res.Remaining != r.Burst-8 {
-			t.Fatalf("round %d: %d admitted, %d remaining; want 8 and %d", round, admitted.Load(), res.Remaining, r.Burst-8)
+		if _, res := decideOne(t, rs, r, "client", 0); admitted.Load() != 8 || res.Remaining != r.burst-8 {
+			t.Fatalf("round %d: %d admitted, %d remaining; want 8 and %d", round, admitted.Load(), res.Remaining, r.burst-8)
 		}
 	}
 }
@@ -422,8 +422,8 @@ func TestRedisBatchesDecisions(t *testing.T) {
 	rs := newRedisStore(t, RedisOptions{Address: srv.Addr})
 	r := mustRule(t, "batch", 1, time.Hour, 10)
 	logRule := mustAlgRule(t, "batchlog", SlidingLog, 10, time.Hour, 0, 0)
-	srv.MustDo("HSET", rs.Key(r.Bucket, "client-1"), "f", "v")
-	srv.MustDo("SET", rs.Key(logRule.Bucket, "poison"), "not a log")
+	srv.MustDo("HSET", rs.Key(r.bucket, "client-1"), "f", "v")
+	srv.MustDo("SET", rs.Key(logRule.bucket, "poison"), "not a log")
 	srv.MustDo("CONFIG", "RESETSTAT")
 	const workers, each = 48, 25
 	var admitted [workers]atomic.Int64
@@ -453,8 +453,8 @@ func TestRedisBatchesDecisions(t *testing.T) {
 	}
 	wg.Wait()
 	for w := range workers {
-		if w%8 != 0 && admitted[w].Load() != r.Burst {
-			t.Errorf("client-%d: %d admitted of %d, want exactly %d", w, admitted[w].Load(), each, r.Burst)
+		if w%8 != 0 && admitted[w].Load() != r.burst {
+			t.Errorf("client-%d: %d admitted of %d, want exactly %d", w, admitted[w].Load(), each, r.burst)
 		}
 	}
 	if n := poisonErrs.Load(); n != workers/8*each || otherErrs.Load() != 0 {
@@ -463,7 +463,7 @@ func TestRedisBatchesDecisions(t *testing.T) {
 	if n := rs.Breaker().Opened(); n != 0 {
 		t.Fatal("per-request errors opened the circuit breaker")
 	}
-	if typ := srv.MustDo("TYPE", rs.Key(r.Bucket, "client-1")); typ != "string" {
+	if typ := srv.MustDo("TYPE", rs.Key(r.bucket, "client-1")); typ != "string" {
 		t.Errorf("the bucket key that held a hash is now a %s", typ)
 	}
 	stats := commandStats(srv)

@@ -69,7 +69,7 @@ func (s *RedisStore) groupBySlot(reqs []Request) [][]int {
 	var slotBuf [8]int
 	slots := slotBuf[:0]
 	for i := range reqs {
-		slots = append(slots, keySlot(s.Key(reqs[i].Rule.Bucket, reqs[i].Key)))
+		slots = append(slots, keySlot(s.Key(reqs[i].Rule.bucket, reqs[i].Key)))
 	}
 	var groups [][]int
 	for i, sl := range slots {

@@ -17,7 +17,7 @@ func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []i
 	c.script = script
 	c.keys, c.rules, c.costs = c.keys[:0], c.rules[:0], c.costs[:0]
 	add := func(q *Request) {
-		c.keys = append(c.keys, s.Key(q.Rule.Bucket, q.Key))
+		c.keys = append(c.keys, s.Key(q.Rule.bucket, q.Key))
 		c.rules = append(c.rules, q.Rule)
 		c.costs = append(c.costs, q.Cost)
 	}

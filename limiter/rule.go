@@ -19,65 +19,103 @@ const maxTicks = 1 << 50
 // tick denominator is at most 1000.
 const fracScale = 1000
 
-// Rule is one zone's limit: Rate tokens are refilled every Per, into a bucket
-// that holds at most Burst tokens. Build it with NewRule; the zero value is
-// not usable.
+// Rule is one zone's compiled limit: Rate tokens are refilled every Per,
+// into a bucket that holds at most Burst tokens (or, for the window
+// algorithms, Rate requests per window of Per), and what the zone does
+// when the store fails. Build it with NewRule, which validates and compiles
+// everything; a Rule never changes afterwards, and the zero value is not
+// usable.
 //
-// The arithmetic is integer throughout. Time is counted in ticks of 1/Denom
-// microsecond, chosen so that the time one token takes to refill (Interval
+// The arithmetic is integer throughout. Time is counted in ticks of 1/denom
+// microsecond, chosen so that the time one token takes to refill (interval
 // ticks) is a whole number: for 3 tokens per second a tick is a third of a
 // microsecond and a token takes 1,000,000 ticks, so no rounding ever creeps
 // in, however long the bucket runs. Only rules whose per-microsecond rate
 // reduces to a denominator above 1000 (say 12345 per second) round the
 // interval up to the next 1/1000 microsecond, which can only admit less.
 type Rule struct {
-	// Name is the zone's name.
-	Name string
-	// Bucket names the zone's buckets in the stores: the zone's name,
-	// and "<name>~log" for a sliding log (a sorted set in Redis, not an
-	// integer).
-	Bucket string
-	// Rate is how many tokens are refilled every Per.
-	Rate int64
-	// Per is the refill period of Rate tokens.
-	Per time.Duration
-	// Burst is the bucket's capacity: the most tokens a client can spend at once.
-	Burst int64
+	// name is the zone's name.
+	name string
+	// bucket names the zone's buckets in the stores (see bucketName).
+	bucket string
+	// alg is how the zone counts.
+	alg Algorithm
+	// rate is how many tokens are refilled every per.
+	rate int64
+	// per is the refill period of rate tokens (the window algorithms:
+	// the window).
+	per time.Duration
+	// burst is the bucket's capacity: the most tokens a client can spend
+	// at once (rate for the window algorithms).
+	burst int64
 
-	// Denom is how many ticks make one microsecond (1 to 1000).
-	Denom int64
-	// Interval is the refill time of one token, in ticks.
-	Interval int64
-	// Capacity is Burst tokens in ticks: the most debt the bucket can carry.
-	Capacity int64
-	// Exact reports whether Interval is exact (true for every rule whose
+	// denom is how many ticks make one microsecond (1 to 1000).
+	denom int64
+	// interval is the refill time of one token, in ticks.
+	interval int64
+	// capacity is burst tokens in ticks: the most debt the bucket can carry.
+	capacity int64
+	// exact reports whether interval is exact (true for every rule whose
 	// per-microsecond rate reduces to a denominator of at most 1000).
-	Exact bool
-
-	// Algorithm is how the zone counts; the zero value is TokenBucket.
-	// Build other rules with NewAlgorithmRule.
-	Algorithm Algorithm
-	// WindowUS is the window of the window algorithms, in microseconds
-	// (Per); their limit is Rate per window.
-	WindowUS int64
-	// MaxDelayUS is how long a leaky bucket lets a request wait, in
+	exact bool
+	// windowUS is the window of the window algorithms, in microseconds
+	// (per); their limit is rate per window.
+	windowUS int64
+	// maxDelayUS is how long a leaky bucket lets a request wait, in
 	// microseconds.
-	MaxDelayUS int64
+	maxDelayUS int64
 
-	// OnError is what the zone does when the store fails (see
-	// SetFailurePolicy); the zero value allows.
-	OnError Policy
-	// Local is the rule of this node's fallback bucket under PolicyLocal
-	// (with FleetSize 0: for a fleet of one; see localFor).
-	Local *Rule
-	// FleetSize is the fleet size Local divides the limit by; 0: the
+	// onError is what the zone does when the store fails.
+	onError Policy
+	// local is the rule of this node's fallback bucket under PolicyLocal
+	// (with fleetSize 0: for a fleet of one; see localFor); nil under the
+	// other policies.
+	local *Rule
+	// fleetSize is the fleet size local divides the limit by; 0: the
 	// limiter's fleet view tells it.
-	FleetSize int64
+	fleetSize int64
 	// locals caches the local rule for the fleet view's size.
 	locals atomic.Pointer[localSized]
 
 	argsOnce sync.Once
 	args     []any // scriptArgs
+}
+
+// RuleConfig is a zone's limit as configured: what NewRule validates and
+// compiles into a Rule.
+type RuleConfig struct {
+	// Name is the zone's name; it names the zone's buckets in the stores.
+	Name string
+	// Algorithm is how the zone counts. Default TokenBucket (the zero
+	// value).
+	Algorithm Algorithm
+	// Rate is how many tokens are refilled every Per (the window
+	// algorithms: how many requests a window of Per admits, at most
+	// MaxWindowLimit). Required: positive.
+	Rate int64
+	// Per is the refill period of Rate tokens: at least a microsecond. For
+	// the window algorithms it is the window: whole milliseconds, at least
+	// 1ms and under 24 days. Required.
+	Per time.Duration
+	// Burst is the bucket's capacity, token and leaky bucket only (the
+	// window algorithms take none). Default 0: Rate.
+	Burst int64
+	// MaxDelay is the longest a leaky bucket lets a request wait for its
+	// turn, leaky bucket only. Default 0: as long as the queue (Burst)
+	// allows.
+	MaxDelay time.Duration
+	// OnError is what the zone does when the store fails. Default
+	// PolicyAllow, the zero value (a configuration that names no policy
+	// gets DefaultPolicy, from ParsePolicy("")).
+	OnError Policy
+	// FleetSize is, under PolicyLocal, how many nodes share the limit:
+	// each node's fallback bucket gets the rate divided by it (for the
+	// buckets exactly: the same tokens over a period FleetSize times
+	// longer; for the windows, the count per window) and the burst
+	// divided by it, at least 1. Default 0: the limiter's fleet view
+	// tells it (see Options.FleetSize), 1 when it has none. Must not be
+	// negative; ignored by the other policies.
+	FleetSize int64
 }
 
 // Sentinel errors returned by NewRule.
@@ -86,11 +124,37 @@ var (
 	ErrBadPer   = errors.New("rate period must be at least one microsecond")
 	ErrBadBurst = errors.New("burst must be a positive integer")
 	ErrTooLarge = errors.New("burst x refill time is too large to count exactly")
+	// ErrBurstNotApplicable: a window algorithm was given a burst.
+	ErrBurstNotApplicable = errors.New("burst applies to token_bucket and leaky_bucket only (a window algorithm admits rate per window)")
+	// ErrMaxDelayNotApplicable: an algorithm other than the leaky
+	// bucket was given a max delay.
+	ErrMaxDelayNotApplicable = errors.New("max_delay applies to leaky_bucket only")
 )
 
-// NewRule validates and compiles a rule. A burst of 0 means the same as
-// rate.
-func NewRule(name string, rate int64, per time.Duration, burst int64) (*Rule, error) {
+// NewRule validates and compiles a zone's rule: its limit (see
+// compileRule) and its failure policy, with the fallback rule of
+// PolicyLocal. Errors are the sentinel errors above, ErrWindowLimit,
+// ErrWindowLength, ErrMaxDelay and ErrBadFleetSize, some with details.
+func NewRule(cfg RuleConfig) (*Rule, error) {
+	switch {
+	case cfg.Burst != 0 && cfg.Algorithm.windowed():
+		return nil, ErrBurstNotApplicable
+	case cfg.MaxDelay != 0 && cfg.Algorithm != LeakyBucket:
+		return nil, ErrMaxDelayNotApplicable
+	}
+	r, err := compileRule(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.setFailurePolicy(cfg.OnError, cfg.FleetSize); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// newBucketRule compiles the limit of a token or leaky bucket: rate tokens
+// per period, into a bucket of burst (0 means rate).
+func newBucketRule(name string, rate int64, per time.Duration, burst int64) (*Rule, error) {
 	if rate <= 0 {
 		return nil, ErrBadRate
 	}
@@ -104,30 +168,68 @@ func NewRule(name string, rate int64, per time.Duration, burst int64) (*Rule, er
 	if burst < 0 {
 		return nil, ErrBadBurst
 	}
-	r := &Rule{Name: name, Bucket: name, Rate: rate, Per: per, Burst: burst}
+	r := &Rule{name: name, bucket: name, rate: rate, per: per, burst: burst}
 	g := gcd(rate, perUS)
 	if den := rate / g; den <= fracScale {
-		r.Denom, r.Interval, r.Exact = den, perUS/g, true
+		r.denom, r.interval, r.exact = den, perUS/g, true
 	} else {
 		// Round the refill interval up to whole thousandths of a
 		// microsecond: it can only make the rule stricter.
-		r.Denom = fracScale
+		r.denom = fracScale
 		if perUS > (1<<62)/fracScale {
 			return nil, ErrTooLarge
 		}
-		r.Interval = (perUS*fracScale + rate - 1) / rate
+		r.interval = (perUS*fracScale + rate - 1) / rate
 	}
-	if r.Interval > maxTicks/burst {
+	if r.interval > maxTicks/burst {
 		return nil, fmt.Errorf("%w: %d tokens of %s each", ErrTooLarge, burst, per/time.Duration(rate))
 	}
-	r.Capacity = burst * r.Interval
+	r.capacity = burst * r.interval
 	return r, nil
+}
+
+// Name returns the zone's name.
+func (r *Rule) Name() string { return r.name }
+
+// Bucket returns the name of the zone's buckets in the stores: the zone's
+// name, and "<name>~log" for a sliding log (a sorted set in Redis, not an
+// integer).
+func (r *Rule) Bucket() string { return r.bucket }
+
+// Algorithm returns how the zone counts.
+func (r *Rule) Algorithm() Algorithm { return r.alg }
+
+// Rate returns how many tokens are refilled every Per (the window
+// algorithms: how many requests a window admits).
+func (r *Rule) Rate() int64 { return r.rate }
+
+// Per returns the refill period of Rate tokens, or the window.
+func (r *Rule) Per() time.Duration { return r.per }
+
+// Burst returns the bucket's capacity: the most tokens a client can spend
+// at once (Rate for the window algorithms).
+func (r *Rule) Burst() int64 { return r.burst }
+
+// OnError returns what the zone does when the store fails.
+func (r *Rule) OnError() Policy { return r.onError }
+
+// FleetSize returns the fixed fleet size of the local fallback bucket, 0
+// when the limiter's fleet view tells it (or the policy is not local).
+func (r *Rule) FleetSize() int64 { return r.fleetSize }
+
+// LocalBucket returns the bucket name of this node's fallback bucket under
+// PolicyLocal, and "" when the zone has none (another policy).
+func (r *Rule) LocalBucket() string {
+	if r.local == nil {
+		return ""
+	}
+	return r.local.bucket
 }
 
 // Window returns the refill period in whole seconds, rounded up (at least 1):
 // the "w" of the IETF RateLimit-Policy field.
 func (r *Rule) Window() int64 {
-	s := int64((r.Per + time.Second - 1) / time.Second)
+	s := int64((r.per + time.Second - 1) / time.Second)
 	if s < 1 {
 		s = 1
 	}
@@ -136,7 +238,7 @@ func (r *Rule) Window() int64 {
 
 // String describes the rule for logs and errors.
 func (r *Rule) String() string {
-	return fmt.Sprintf("%s: %d per %s, burst %d", r.Name, r.Rate, r.Per, r.Burst)
+	return fmt.Sprintf("%s: %d per %s, burst %d", r.name, r.rate, r.per, r.burst)
 }
 
 func gcd(a, b int64) int64 {

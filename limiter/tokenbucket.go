@@ -28,11 +28,11 @@ func (s State) fullAt() int64 {
 // state s at microsecond now. It changes nothing.
 func (r *Rule) tbCheck(s State, now, cost int64) verdict {
 	d := r.debt(s, now)
-	if cost > r.Burst {
+	if cost > r.burst {
 		return verdict{debt: d, after: d, never: true}
 	}
-	after := d + cost*r.Interval
-	return verdict{debt: d, after: after, ok: after <= r.Capacity}
+	after := d + cost*r.interval
+	return verdict{debt: d, after: after, ok: after <= r.capacity}
 }
 
 // debt returns how many ticks the bucket in state s owes at microsecond now,
@@ -40,22 +40,22 @@ func (r *Rule) tbCheck(s State, now, cost int64) verdict {
 // owe more than this rule's capacity: it is then simply empty).
 func (r *Rule) debt(s State, now int64) int64 {
 	us, ticks := s.parts()
-	if ticks >= r.Denom { // written under a rule with a finer tick
-		us += ticks / r.Denom
-		ticks %= r.Denom
+	if ticks >= r.denom { // written under a rule with a finer tick
+		us += ticks / r.denom
+		ticks %= r.denom
 	}
 	if us < now || (us == now && ticks == 0) {
 		return 0
 	}
-	if us-now > r.Capacity/r.Denom {
-		return r.Capacity
+	if us-now > r.capacity/r.denom {
+		return r.capacity
 	}
-	return min((us-now)*r.Denom+ticks, r.Capacity)
+	return min((us-now)*r.denom+ticks, r.capacity)
 }
 
 // stateAt encodes a debt of after ticks at microsecond now.
 func (r *Rule) stateAt(now, after int64) State {
-	return State((now+after/r.Denom)*fracScale + after%r.Denom)
+	return State((now+after/r.denom)*fracScale + after%r.denom)
 }
 
 // tbResult turns a token bucket verdict into the zone's Result. charged
@@ -66,28 +66,28 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 	case charged:
 		return Result{
 			Allowed:    true,
-			Remaining:  (r.Capacity - v.after) / r.Interval,
+			Remaining:  (r.capacity - v.after) / r.interval,
 			ResetAfter: r.micros(v.after),
 			owed:       v.after,
 		}
 	case v.ok:
 		return Result{
 			Allowed:    true,
-			Remaining:  (r.Capacity - v.debt) / r.Interval,
+			Remaining:  (r.capacity - v.debt) / r.interval,
 			ResetAfter: r.micros(v.debt),
 			owed:       v.debt,
 		}
 	case v.never:
 		return Result{
-			Remaining:  (r.Capacity - v.debt) / r.Interval,
+			Remaining:  (r.capacity - v.debt) / r.interval,
 			RetryAfter: Never,
 			ResetAfter: r.micros(v.debt),
 			owed:       v.debt,
 		}
 	default:
 		return Result{
-			Remaining:  (r.Capacity - v.debt) / r.Interval,
-			RetryAfter: r.micros(v.after - r.Capacity),
+			Remaining:  (r.capacity - v.debt) / r.interval,
+			RetryAfter: r.micros(v.after - r.capacity),
 			ResetAfter: r.micros(v.debt),
 			owed:       v.debt,
 		}
@@ -97,7 +97,7 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 // micros converts ticks to a duration, rounded up to the microsecond so that
 // a client told to wait that long is never early.
 func (r *Rule) micros(ticks int64) time.Duration {
-	return time.Duration(ceilDiv(ticks, r.Denom)) * time.Microsecond
+	return time.Duration(ceilDiv(ticks, r.denom)) * time.Microsecond
 }
 
 func ceilDiv(a, b int64) int64 {

@@ -34,9 +34,14 @@ func (c *testClock) Now() time.Time { return time.UnixMicro(c.us.Load()) }
 
 func mustRule(t testing.TB, name string, rate int64, per time.Duration, burst int64) *Rule {
 	t.Helper()
-	r, err := NewRule(name, rate, per, burst)
+	return mustConfig(t, RuleConfig{Name: name, Rate: rate, Per: per, Burst: burst})
+}
+
+func mustConfig(t testing.TB, cfg RuleConfig) *Rule {
+	t.Helper()
+	r, err := NewRule(cfg)
 	if err != nil {
-		t.Fatalf("NewRule(%q, %d, %s, %d): %v", name, rate, per, burst, err)
+		t.Fatalf("NewRule(%+v): %v", cfg, err)
 	}
 	return r
 }
@@ -64,10 +69,10 @@ func decideOne(t testing.TB, s Store, r *Rule, key string, cost int64) (bool, Re
 	var res [1]Result
 	ok, err := s.Decide(context.Background(), reqs[:], res[:])
 	if err != nil {
-		t.Fatalf("Decide(%s, %q, cost %d): %v", r.Name, key, cost, err)
+		t.Fatalf("Decide(%s, %q, cost %d): %v", r.name, key, cost, err)
 	}
 	if ok != res[0].Allowed {
-		t.Fatalf("Decide(%s, %q, cost %d) = %v, but the only zone says Allowed=%v", r.Name, key, cost, ok, res[0].Allowed)
+		t.Fatalf("Decide(%s, %q, cost %d) = %v, but the only zone says Allowed=%v", r.name, key, cost, ok, res[0].Allowed)
 	}
 	return ok, res[0]
 }
@@ -94,7 +99,7 @@ func TestNewRuleErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r, err := NewRule("z", tc.rate, tc.per, tc.burst)
+			r, err := NewRule(RuleConfig{Name: "z", Rate: tc.rate, Per: tc.per, Burst: tc.burst})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("NewRule(%d, %s, %d) = %v, %v; want error %v", tc.rate, tc.per, tc.burst, r, err, tc.want)
 			}
@@ -140,14 +145,14 @@ func TestNewRuleCompiles(t *testing.T) {
 		t.Run(fmt.Sprintf("%d per %s burst %d", tc.rate, tc.per, tc.burst), func(t *testing.T) {
 			t.Parallel()
 			r := mustRule(t, "z", tc.rate, tc.per, tc.burst)
-			if r.Name != "z" || r.Rate != tc.rate || r.Per != tc.per || r.Burst != tc.wantB {
+			if r.name != "z" || r.rate != tc.rate || r.per != tc.per || r.burst != tc.wantB {
 				t.Errorf("rule = %+v, want rate %d per %s burst %d", r, tc.rate, tc.per, tc.wantB)
 			}
-			if r.Denom != tc.denom || r.Interval != tc.interval || r.Exact != tc.exact {
-				t.Errorf("Denom, Interval, Exact = %d, %d, %v; want %d, %d, %v", r.Denom, r.Interval, r.Exact, tc.denom, tc.interval, tc.exact)
+			if r.denom != tc.denom || r.interval != tc.interval || r.exact != tc.exact {
+				t.Errorf("Denom, Interval, Exact = %d, %d, %v; want %d, %d, %v", r.denom, r.interval, r.exact, tc.denom, tc.interval, tc.exact)
 			}
-			if r.Capacity != tc.wantB*tc.interval {
-				t.Errorf("Capacity = %d, want %d", r.Capacity, tc.wantB*tc.interval)
+			if r.capacity != tc.wantB*tc.interval {
+				t.Errorf("Capacity = %d, want %d", r.capacity, tc.wantB*tc.interval)
 			}
 			if w := r.Window(); w != tc.window {
 				t.Errorf("Window() = %d, want %d", w, tc.window)
@@ -156,16 +161,16 @@ func TestNewRuleCompiles(t *testing.T) {
 			// take Per: exactly, or (inexact rules) at most one tick
 			// more per token.
 			perUS := new(big.Int).SetInt64(int64(tc.per / time.Microsecond))
-			lhs := new(big.Int).Mul(big.NewInt(r.Interval), big.NewInt(tc.rate))
-			rhs := new(big.Int).Mul(perUS, big.NewInt(r.Denom))
+			lhs := new(big.Int).Mul(big.NewInt(r.interval), big.NewInt(tc.rate))
+			rhs := new(big.Int).Mul(perUS, big.NewInt(r.denom))
 			if tc.exact {
 				if lhs.Cmp(rhs) != 0 {
 					t.Errorf("Interval x Rate = %s, want Per x Denom = %s", lhs, rhs)
 				}
 			} else {
-				below := new(big.Int).Mul(big.NewInt(r.Interval-1), big.NewInt(tc.rate))
+				below := new(big.Int).Mul(big.NewInt(r.interval-1), big.NewInt(tc.rate))
 				if lhs.Cmp(rhs) < 0 || below.Cmp(rhs) >= 0 {
-					t.Errorf("Interval %d is not the least whole number of ticks >= Per x Denom / Rate", r.Interval)
+					t.Errorf("Interval %d is not the least whole number of ticks >= Per x Denom / Rate", r.interval)
 				}
 			}
 		})
@@ -193,15 +198,15 @@ func TestFreshBucketAdmitsBurstAtOneInstant(t *testing.T) {
 			t.Parallel()
 			clk := newTestClock(epoch)
 			s := newMemory(t, clk)
-			for i := int64(1); i <= r.Burst; i++ {
+			for i := int64(1); i <= r.burst; i++ {
 				ok, res := decideOne(t, s, r, "k", 1)
-				if !ok || res.Remaining != r.Burst-i {
-					t.Fatalf("request %d: allowed %v remaining %d; want allowed, remaining %d", i, ok, res.Remaining, r.Burst-i)
+				if !ok || res.Remaining != r.burst-i {
+					t.Fatalf("request %d: allowed %v remaining %d; want allowed, remaining %d", i, ok, res.Remaining, r.burst-i)
 				}
 			}
 			ok, res := decideOne(t, s, r, "k", 1)
 			if ok || res.Remaining != 0 || res.RetryAfter <= 0 {
-				t.Fatalf("request %d at the same instant: %+v; want a denial with nothing remaining", r.Burst+1, res)
+				t.Fatalf("request %d at the same instant: %+v; want a denial with nothing remaining", r.burst+1, res)
 			}
 		})
 	}
@@ -251,13 +256,13 @@ func TestRetryAfterIsExact(t *testing.T) {
 		var res Result
 		var cost int64
 		for {
-			cost = 1 + rng.Int64N(r.Burst)
+			cost = 1 + rng.Int64N(r.burst)
 			var ok bool
 			ok, res = decideOne(t, s, r, key, cost)
 			if !ok {
 				break
 			}
-			clk.add(rng.Int64N(int64(r.Per/time.Microsecond)/r.Rate + 1))
+			clk.add(rng.Int64N(int64(r.per/time.Microsecond)/r.rate + 1))
 		}
 		if res.RetryAfter <= 0 {
 			t.Fatalf("%s: denied cost %d with RetryAfter %s", r, cost, res.RetryAfter)
@@ -289,11 +294,11 @@ func TestResetAfterIsExact(t *testing.T) {
 		key := fmt.Sprint("k", i)
 		clk.set(epoch + rng.Int64N(1e12))
 		var res Result
-		for range 1 + rng.IntN(int(r.Burst)) {
+		for range 1 + rng.IntN(int(r.burst)) {
 			if ok, got := decideOne(t, s, r, key, 1); ok {
 				res = got
 			}
-			clk.add(rng.Int64N(int64(r.Per/time.Microsecond)/r.Rate/4 + 1))
+			clk.add(rng.Int64N(int64(r.per/time.Microsecond)/r.rate/4 + 1))
 		}
 		at := clk.now()
 		_, look := decideOne(t, s, r, key, 0)
@@ -302,11 +307,11 @@ func TestResetAfterIsExact(t *testing.T) {
 			t.Fatalf("%s: ResetAfter %s after spending (last %+v)", r, look.ResetAfter, res)
 		}
 		clk.set(at + reset - 1)
-		if _, got := decideOne(t, s, r, key, 0); got.Remaining != r.Burst-1 || got.ResetAfter != time.Microsecond {
-			t.Fatalf("%s: 1us before ResetAfter: %+v; want Remaining %d, ResetAfter 1us", r, got, r.Burst-1)
+		if _, got := decideOne(t, s, r, key, 0); got.Remaining != r.burst-1 || got.ResetAfter != time.Microsecond {
+			t.Fatalf("%s: 1us before ResetAfter: %+v; want Remaining %d, ResetAfter 1us", r, got, r.burst-1)
 		}
 		clk.set(at + reset)
-		if _, got := decideOne(t, s, r, key, 0); got.Remaining != r.Burst || got.ResetAfter != 0 {
+		if _, got := decideOne(t, s, r, key, 0); got.Remaining != r.burst || got.ResetAfter != 0 {
 			t.Fatalf("%s: at ResetAfter: %+v; want a full bucket", r, got)
 		}
 	}
@@ -387,13 +392,13 @@ func TestStateUnderAnotherRule(t *testing.T) {
 	check := func(r *Rule, s State, now, cost int64) {
 		t.Helper()
 		d := r.debt(s, now)
-		if d < 0 || d > r.Capacity {
-			t.Fatalf("%s: debt(%d, %d) = %d, outside [0, %d]", r, s, now, d, r.Capacity)
+		if d < 0 || d > r.capacity {
+			t.Fatalf("%s: debt(%d, %d) = %d, outside [0, %d]", r, s, now, d, r.capacity)
 		}
 		v := r.check(s, now, cost)
 		for _, charged := range []bool{false, v.ok} {
 			res := r.result(v, charged, cost)
-			if res.Remaining < 0 || res.Remaining > r.Burst || res.ResetAfter < 0 ||
+			if res.Remaining < 0 || res.Remaining > r.burst || res.ResetAfter < 0 ||
 				(res.RetryAfter < 0 && res.RetryAfter != Never) || res.Allowed != v.ok {
 				t.Fatalf("%s: state %d at %d cost %d: %+v", r, s, now, cost, res)
 			}
@@ -403,10 +408,10 @@ func TestStateUnderAnotherRule(t *testing.T) {
 	for range 200_000 {
 		w, r := rules[rng.IntN(len(rules))], rules[rng.IntN(len(rules))]
 		now := epoch + rng.Int64N(1e12)
-		after := rng.Int64N(w.Capacity + 1)
+		after := rng.Int64N(w.capacity + 1)
 		s := w.stateAt(now, after)
-		at := now + rng.Int64N(2*w.Capacity/w.Denom+2) - w.Capacity/w.Denom
-		check(r, s, at, rng.Int64N(r.Burst+2))
+		at := now + rng.Int64N(2*w.capacity/w.denom+2) - w.capacity/w.denom
+		check(r, s, at, rng.Int64N(r.burst+2))
 		// Arbitrary stored integers: any ticks, any time.
 		check(r, State(now*fracScale+rng.Int64N(fracScale)), at, 1)
 	}
@@ -415,8 +420,8 @@ func TestStateUnderAnotherRule(t *testing.T) {
 	s := newMemory(t, clk)
 	for range 20_000 {
 		r := rules[rng.IntN(len(rules))]
-		_, res := decideOne(t, s, r, "k", rng.Int64N(r.Burst+1))
-		if res.Remaining < 0 || res.Remaining > r.Burst {
+		_, res := decideOne(t, s, r, "k", rng.Int64N(r.burst+1))
+		if res.Remaining < 0 || res.Remaining > r.burst {
 			t.Fatalf("%s: %+v", r, res)
 		}
 		clk.add(rng.Int64N(100_000))
@@ -490,7 +495,7 @@ func TestArithmeticMatchesIdealBucket(t *testing.T) {
 		t.Run(fmt.Sprintf("%d per %s burst %d", tc.rate, tc.per, tc.burst), func(t *testing.T) {
 			t.Parallel()
 			r := mustRule(t, "z", tc.rate, tc.per, tc.burst)
-			if !r.Exact {
+			if !r.exact {
 				t.Fatalf("%s is not exact", r)
 			}
 			clk := newTestClock(epoch)

@@ -10,23 +10,23 @@ func (r *Rule) fixedCheck(s State, now, cost int64) verdict {
 	_, curr, elapsed := r.windowCounts(s, now)
 	v := verdict{curr: curr, elapsed: elapsed}
 	switch {
-	case cost > r.Rate:
+	case cost > r.rate:
 		v.never = true
 	default:
-		v.ok = curr+cost <= r.Rate
+		v.ok = curr+cost <= r.rate
 	}
 	return v
 }
 
 func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
-	end := r.WindowUS - v.elapsed // until the window ends
-	res := Result{Remaining: r.Rate - v.curr, ResetAfter: us(end)}
+	end := r.windowUS - v.elapsed // until the window ends
+	res := Result{Remaining: r.rate - v.curr, ResetAfter: us(end)}
 	if v.curr == 0 {
 		res.ResetAfter = 0
 	}
 	switch {
 	case charged:
-		res.Allowed, res.Remaining, res.ResetAfter = true, r.Rate-v.curr-cost, us(end)
+		res.Allowed, res.Remaining, res.ResetAfter = true, r.rate-v.curr-cost, us(end)
 	case v.ok:
 		res.Allowed = true
 	case v.never:
@@ -45,20 +45,20 @@ func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
 func (r *Rule) slidingCheck(s State, now, cost int64) verdict {
 	prev, curr, elapsed := r.windowCounts(s, now)
 	v := verdict{prev: prev, curr: curr, elapsed: elapsed}
-	if cost > r.Rate {
+	if cost > r.rate {
 		v.never = true
 		return v
 	}
-	wms := r.WindowUS / 1000
+	wms := r.windowUS / 1000
 	ems := elapsed / 1000
-	v.ok = prev*(wms-ems)+(curr+cost)*wms <= r.Rate*wms
+	v.ok = prev*(wms-ems)+(curr+cost)*wms <= r.rate*wms
 	return v
 }
 
 // slidingUsed returns the estimate of the tokens in the sliding window,
 // rounded up.
 func (r *Rule) slidingUsed(prev, curr, elapsed int64) int64 {
-	wms := r.WindowUS / 1000
+	wms := r.windowUS / 1000
 	return ceilDiv(prev*(wms-elapsed/1000), wms) + curr
 }
 
@@ -67,12 +67,12 @@ func (r *Rule) slidingResult(v verdict, charged bool, cost int64) Result {
 	if charged {
 		curr += cost
 	}
-	res := Result{Remaining: max(0, r.Rate-r.slidingUsed(v.prev, curr, v.elapsed))}
+	res := Result{Remaining: max(0, r.rate-r.slidingUsed(v.prev, curr, v.elapsed))}
 	switch {
 	case curr > 0: // the current window counts until the next one ends
-		res.ResetAfter = us(2*r.WindowUS - v.elapsed)
+		res.ResetAfter = us(2*r.windowUS - v.elapsed)
 	case v.prev > 0:
-		res.ResetAfter = us(r.WindowUS - v.elapsed)
+		res.ResetAfter = us(r.windowUS - v.elapsed)
 	}
 	switch {
 	case charged || v.ok:
@@ -90,13 +90,13 @@ func (r *Rule) slidingResult(v verdict, charged bool, cost int64) Result {
 // as the previous one's weight falls, or in the next window (where this
 // window's count is the previous one), or, at the latest, the one after.
 func (r *Rule) slidingRetry(v verdict, cost int64) int64 {
-	wms := r.WindowUS / 1000
+	wms := r.windowUS / 1000
 	start := -v.elapsed // the current window's start, relative to now
 	// In window k (0: current, 1: next), with counts p (previous) and c
 	// (current), the request fits from millisecond e of it on, where
 	// p*(wms-e) <= (Rate-c-cost)*wms.
 	fits := func(p, c int64) (int64, bool) {
-		room := r.Rate - c - cost
+		room := r.rate - c - cost
 		if room < 0 {
 			return 0, false
 		}
@@ -117,9 +117,9 @@ func (r *Rule) slidingRetry(v verdict, cost int64) int64 {
 		return 1
 	}
 	if e, ok := fits(v.curr, 0); ok {
-		return start + r.WindowUS + e*1000
+		return start + r.windowUS + e*1000
 	}
-	return start + 2*r.WindowUS
+	return start + 2*r.windowUS
 }
 
 func us(n int64) time.Duration { return time.Duration(n) * time.Microsecond }

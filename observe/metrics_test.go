@@ -54,11 +54,8 @@ func value(m *dto.Metric) float64 {
 func TestZoneOutcome(t *testing.T) {
 	t.Parallel()
 	rule := func(p limiter.Policy) *limiter.Rule {
-		r, err := limiter.NewRule("z", 1, time.Second, 1)
+		r, err := limiter.NewRule(limiter.RuleConfig{Name: "z", Rate: 1, Per: time.Second, Burst: 1, OnError: p, FleetSize: 1})
 		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.SetFailurePolicy(p, 1); err != nil {
 			t.Fatal(err)
 		}
 		return r
@@ -88,7 +85,7 @@ func TestZoneOutcome(t *testing.T) {
 	} {
 		got, ok := zoneOutcome(c.outcome, c.rule, c.res)
 		if ok != c.ok || (ok && got != c.want) {
-			t.Errorf("zoneOutcome(%v, %v, %+v) = %v, %v; want %v, %v", c.outcome, c.rule.OnError, *c.res, got, ok, c.want, c.ok)
+			t.Errorf("zoneOutcome(%v, %v, %+v) = %v, %v; want %v, %v", c.outcome, c.rule.OnError(), *c.res, got, ok, c.want, c.ok)
 		}
 	}
 }

@@ -96,11 +96,11 @@ func New(ctx caddy.Context, cfg Config) (*Handler, error) {
 	}
 	for i, rule := range cfg.Rules {
 		h.zones[i] = &Zone{
-			name:         rule.Name,
+			name:         rule.Name(),
 			rule:         rule,
-			remainingKey: "http.rate_limit." + rule.Name + ".remaining",
-			limitKey:     "http.rate_limit." + rule.Name + ".limit",
-			limit:        strconv.FormatInt(rule.Rate, 10),
+			remainingKey: "http.rate_limit." + rule.Name() + ".remaining",
+			limitKey:     "http.rate_limit." + rule.Name() + ".limit",
+			limit:        strconv.FormatInt(rule.Rate(), 10),
 		}
 	}
 	if cfg.DisableMetrics {
@@ -130,18 +130,18 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			return err
 		}
 		info := &zoneInfo{
-			alg:     z.rule.Algorithm.String(),
-			rate:    z.rule.Rate,
-			per:     z.rule.Per,
-			burst:   z.rule.Burst,
-			onError: z.rule.OnError.String(),
+			alg:     z.rule.Algorithm().String(),
+			rate:    z.rule.Rate(),
+			per:     z.rule.Per(),
+			burst:   z.rule.Burst(),
+			onError: z.rule.OnError().String(),
 			logKey:  cfg.LogKey,
 			digest:  cfg.Digest,
 			memory:  cfg.Memory,
-			buckets: []string{z.rule.Bucket},
+			buckets: []string{z.rule.Bucket()},
 		}
-		if z.rule.Local != nil {
-			info.buckets = append(info.buckets, z.rule.Local.Bucket)
+		if b := z.rule.LocalBucket(); b != "" {
+			info.buckets = append(info.buckets, b)
 		}
 		// The stats describe the zone as this handler configured it
 		// while it is the newest handler holding them; Cleanup takes
@@ -220,14 +220,14 @@ func (h *Handler) Cleanup() error {
 //	LocalAdmitted  zones with the local policy: local_allowed; others failed_open
 //	LocalDenied    the local zones that denied: local_denied
 func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Result) (limiter.Outcome, bool) {
-	local := rule.OnError == limiter.PolicyLocal && rule.Local != nil
+	local := rule.OnError() == limiter.PolicyLocal && rule.LocalBucket() != ""
 	switch outcome {
 	case limiter.Admitted, limiter.FailedOpen:
 		return outcome, true
 	case limiter.Denied:
 		return limiter.Denied, !res.Allowed && !res.Unknown
 	case limiter.FailedClosed:
-		return limiter.FailedClosed, rule.OnError == limiter.PolicyDeny
+		return limiter.FailedClosed, rule.OnError() == limiter.PolicyDeny
 	case limiter.LocalAdmitted:
 		if local {
 			return limiter.LocalAdmitted, true

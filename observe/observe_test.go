@@ -29,7 +29,7 @@ func provision(t *testing.T, zone string, rate int64, s testStore) *Handler {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	rule, err := limiter.NewRule(zone, rate, time.Second, rate)
+	rule, err := limiter.NewRule(limiter.RuleConfig{Name: zone, Rate: rate, Per: time.Second, Burst: rate})
 	if err != nil {
 		t.Fatal(err)
 	}
