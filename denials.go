@@ -37,7 +37,7 @@ func parseDenialLevel(s string) (denialLevel, error) {
 	case "off":
 		return denialsOff, nil
 	}
-	return 0, fmt.Errorf("rate_limit: unknown log_denials %q (want info, debug or off)", s)
+	return 0, fmt.Errorf("unknown log_denials %q (want info, debug or off)", s)
 }
 
 // denialLog writes the log lines of denials.

@@ -29,7 +29,7 @@ func (h *Handler) provisionDigester(ctx caddy.Context) error {
 	if h.KeyDigestSecret != "" {
 		secret := caddy.NewReplacer().ReplaceKnown(h.KeyDigestSecret, "")
 		if secret == "" {
-			return errors.New("rate_limit: key_digest_secret is empty once its placeholders are replaced")
+			return errors.New("key_digest_secret is empty once its placeholders are replaced")
 		}
 		h.digest = limiter.NewDigester([]byte(secret))
 		return nil
@@ -40,7 +40,7 @@ func (h *Handler) provisionDigester(ctx caddy.Context) error {
 			zap.Error(err))
 		secret = make([]byte, 32)
 		if _, err := rand.Read(secret); err != nil {
-			return fmt.Errorf("rate_limit: generating a key digest secret: %w", err)
+			return fmt.Errorf("generating a key digest secret: %w", err)
 		}
 	}
 	h.digest = limiter.NewDigester(secret)

@@ -38,7 +38,7 @@ func parseHeaderMode(s string) (headerMode, error) {
 	case "none":
 		return headersNone, nil
 	}
-	return 0, fmt.Errorf("rate_limit: unknown headers mode %q (want ietf, legacy, both or none)", s)
+	return 0, fmt.Errorf("unknown headers mode %q (want ietf, legacy, both or none)", s)
 }
 
 // policyOf returns the RateLimit-Policy value for a set of zones.

@@ -55,7 +55,7 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 		return redisStore{s}, nil
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("rate_limit: redis: %w", err)
+		return nil, "", fmt.Errorf("redis: %w", err)
 	}
 	return v.(redisStore).RedisStore, key, nil
 }

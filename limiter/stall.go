@@ -1,7 +1,9 @@
 package limiter
 
 import (
+	"cmp"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +36,7 @@ type stallClock struct {
 	// mu orders the writers; readers load the atomics without it (a
 	// reading between the two stores is off by one interval at most).
 	mu       sync.Mutex
+	spans    []span       // the recent stall, as disjoint intervals in order
 	stalled  atomic.Int64 // nanoseconds of stall counted so far
 	frontier atomic.Int64 // the end of the last interval counted
 
@@ -104,12 +107,41 @@ func (c *stallClock) count(from, to int64) {
 		return
 	}
 	c.mu.Lock()
-	if f := c.frontier.Load(); to > f {
-		c.stalled.Add(to - max(from, f))
-		c.frontier.Store(to)
+	defer c.mu.Unlock()
+	// The part of [from, to] that the recent spans cover is counted
+	// already; merge the rest in.
+	added := to - from
+	merged := span{from, to}
+	keep := c.spans[:0]
+	for _, sp := range c.spans {
+		if sp.to < merged.from || sp.from > merged.to {
+			keep = append(keep, sp)
+			continue
+		}
+		added -= min(sp.to, to) - max(sp.from, from)
+		merged = span{min(merged.from, sp.from), max(merged.to, sp.to)}
 	}
-	c.mu.Unlock()
+	keep = append(keep, merged)
+	slices.SortFunc(keep, func(a, b span) int { return cmp.Compare(a.from, b.from) })
+	// Spans far older than any interval still to come are forgotten: an
+	// interval reaches back at most a wake-up's lateness.
+	for len(keep) > maxSpans || (len(keep) > 1 && keep[0].to < to-int64(spanMemory)) {
+		keep = keep[1:]
+	}
+	c.spans = append(c.spans[:0], keep...)
+	c.stalled.Add(added)
+	c.frontier.Store(max(c.frontier.Load(), to))
 }
+
+// span is an interval of stall, in monotonic nanoseconds.
+type span struct{ from, to int64 }
+
+// maxSpans and spanMemory bound what a stallClock remembers of its stall
+// to tell new intervals from ones counted already.
+const (
+	maxSpans   = 64
+	spanMemory = 10 * time.Second
+)
 
 // mono returns the monotonic time in nanoseconds since the clock started.
 func (c *stallClock) mono() int64 { return int64(time.Since(c.base)) }
@@ -119,13 +151,18 @@ func (c *stallClock) mono() int64 { return int64(time.Since(c.base)) }
 // that is in the pipe and has not been read (the process may be stalled
 // right now).
 func (c *stallClock) now() (now, stalled int64) {
-	now = c.mono()
+	// Everything is loaded before the time is read, the stall before its
+	// frontier: what a writer counts meanwhile is left out (it ends before
+	// now) rather than counted beyond now, so that the stall of an
+	// interval never exceeds its length.
+	stalled = c.stalled.Load()
+	f := c.frontier.Load()
 	from := c.lastTick.Load() + int64(stallPeriod+stallSlack)
 	if sent := c.probe.Load(); sent != 0 {
 		from = min(from, sent+int64(stallSlack))
 	}
-	stalled = c.stalled.Load()
-	if f := c.frontier.Load(); now > from && now > f {
+	now = c.mono()
+	if now > from && now > f {
 		stalled += now - max(from, f)
 	}
 	return now, stalled
