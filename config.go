@@ -314,7 +314,10 @@ type settingError struct {
 	err     error
 }
 
+// Error returns the mistake, without the setting's name.
 func (e *settingError) Error() string { return e.err.Error() }
+
+// Unwrap returns the mistake.
 func (e *settingError) Unwrap() error { return e.err }
 
 // inSetting marks err as a mistake in the named setting.
