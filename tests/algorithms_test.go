@@ -191,6 +191,7 @@ func TestCaddyRatelimitForm(t *testing.T) {
 		}
 		seen[r.Header.Get("Retry-After")] = true
 	}
+	waitLog(t, n, "'distributed' block of caddy-ratelimit is accepted and ignored")
 	if !strings.Contains(n.log.String(), "'distributed' block of caddy-ratelimit is accepted and ignored") {
 		t.Errorf("no warning about the distributed block:\n%s", n.log.String())
 	}

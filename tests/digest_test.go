@@ -14,6 +14,7 @@ var keyDigestRE = regexp.MustCompile(`"msg":"rate limit exceeded".*?"key_digest"
 func denialDigest(t *testing.T, n *node, key string) string {
 	t.Helper()
 	n.statuses(2, "/", "X-Key: "+key)
+	waitLog(t, n, `"msg":"rate limit exceeded"`) // the output arrives through a pipe
 	m := keyDigestRE.FindStringSubmatch(n.log.String())
 	if m == nil {
 		t.Fatalf("no denial line with a key digest:\n%s", n.log.String())

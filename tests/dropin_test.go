@@ -98,6 +98,7 @@ func TestDropinJSON(t *testing.T) {
 	if r := n.get("/", "X-Key: a"); r.Status != 200 {
 		t.Errorf("after the window: %d, want 200", r.Status)
 	}
+	waitLog(t, n, "'distributed' block of caddy-ratelimit is accepted and ignored")
 	if !strings.Contains(n.log.String(), "'distributed' block of caddy-ratelimit is accepted and ignored") {
 		t.Errorf("no warning about the distributed block:\n%s", n.log.String())
 	}
@@ -148,6 +149,9 @@ func TestDropinLogDenials(t *testing.T) {
 		]}]`
 	}
 	n := startJSON(t, routes("info"))
+	// Caddy's output reaches the test through a pipe, a little after the
+	// fact: wait for the line, then count.
+	waitLog(t, n, "caddy-ratelimit read it as up to 20 times the wait")
 	if c := strings.Count(n.log.String(), "caddy-ratelimit read it as up to 20 times the wait"); c != 1 {
 		t.Errorf("%d jitter warnings for one load, want 1:\n%s", c, n.log.String())
 	}
@@ -157,6 +161,8 @@ func TestDropinLogDenials(t *testing.T) {
 	start := time.Now()
 	n.flood(1000, "X-Key: k")
 	elapsed := time.Since(start)
+	waitLog(t, n, `"msg":"rate limit exceeded"`)
+	settleLog(n)
 	lines := deniedLines(t, n.log.String())
 	if max := int(elapsed/time.Second) + 2; len(lines) < 1 || len(lines) > max {
 		t.Fatalf("1000 denials in %v: %d info lines, want 1 to %d", elapsed, len(lines), max)
@@ -173,8 +179,10 @@ func TestDropinLogDenials(t *testing.T) {
 	}
 
 	n.loadJSON(routes("off"))
+	settleLog(n)
 	before := len(deniedLines(t, n.log.String()))
 	n.flood(200, "X-Key: k")
+	settleLog(n)
 	if after := len(deniedLines(t, n.log.String())); after != before {
 		t.Errorf("log_denials off: %d new lines", after-before)
 	}

@@ -96,6 +96,7 @@ func TestFailurePolicies(t *testing.T) {
 	if got := n.statuses(6, "/plain", "X-User: u"); got[200] != 4 || got[429] != 2 {
 		t.Fatalf("plain with redis down (default policy): %v, want 4 admitted then 429", got)
 	}
+	waitLog(t, n, "limit on this node's own buckets")
 	if !strings.Contains(n.log.String(), "limit on this node's own buckets") {
 		t.Fatalf("the start of the local fallback is not logged:\n%s", n.log.String())
 	}

@@ -422,6 +422,7 @@ func TestRedisDownFailsOpen(t *testing.T) {
 		t.Errorf("%d requests took over a second with redis down", slow.Load())
 	}
 	elapsed := time.Since(start)
+	settleLog(n) // the output arrives through a pipe, a little after the fact
 	out := n.log.String()
 	lines := strings.Count(out, "rate limit store failed")
 	if lines == 0 {
@@ -555,6 +556,7 @@ func TestSecretsStayOutOfLogs(t *testing.T) {
 	if got := n.statuses(3, "/", "X-API-Key: sk_live_TOPSECRETKEY"); got[200] != 1 || got[429] != 2 {
 		t.Fatalf("with a password: %v", got)
 	}
+	settleLog(n) // the output arrives through a pipe, a little after the fact
 	out := n.log.String()
 	denialLine := false
 	for _, line := range strings.Split(out, "\n") {

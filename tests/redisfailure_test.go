@@ -23,6 +23,19 @@ func waitLog(t *testing.T, n *node, text string) {
 	}
 }
 
+// settleLog waits until the node's output has not grown for 300 ms (at
+// most 5 s): what the node wrote before has then reached the test.
+func settleLog(n *node) {
+	deadline := time.Now().Add(5 * time.Second)
+	last := len(n.log.String())
+	for quiet := time.Now(); time.Since(quiet) < 300*time.Millisecond && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		if l := len(n.log.String()); l != last {
+			last, quiet = l, time.Now()
+		}
+	}
+}
+
 // TestRedisNoEvictionOOM floods a node whose Redis has maxmemory 8mb and
 // the default policy noeviction: the node warns at start that the policy
 // lets buckets fill Redis (naming volatile-ttl), the failed script calls

@@ -242,6 +242,7 @@ func TestRedisTLSAndACL(t *testing.T) {
 	// refused.
 	var other []string
 	infoLines := 0
+	settleLog(n)
 	for _, line := range strings.Split(n.log.String(), "\n") {
 		switch {
 		case strings.Contains(line, "redis refuses INFO"):
