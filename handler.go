@@ -249,7 +249,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	}
 	reqs, zones, results = known(reqs, zones, results)
 	h.headers.write(w.Header(), zones, results, policy)
-	if outcome == limiter.Admitted || outcome == limiter.LocalAdmitted {
+	if outcome == limiter.Allowed || outcome == limiter.LocalAllowed {
 		if err := h.wait(w, r, zones, results); err != nil {
 			return false, err
 		}

@@ -33,7 +33,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -287,7 +287,7 @@ func (b *bench) selectConfigs(only string) []config {
 func (b *bench) start() {
 	e := b.env
 	fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
-	bin, err := fleet.BuildCaddy(e.TempDir())
+	bin, err := localfleet.BuildCaddy(e.TempDir())
 	if err != nil {
 		e.Fatal(err)
 	}

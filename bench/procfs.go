@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
 // clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
@@ -192,9 +192,9 @@ func describeMachine() machine {
 		m.Wrk, _, _ = strings.Cut(strings.TrimSpace(string(out)), " Copyright")
 	}
 	m.Code = "unknown"
-	if out, err := exec.Command("git", "-C", fleet.RepoRoot(), "rev-parse", "--short", "HEAD").Output(); err == nil {
+	if out, err := exec.Command("git", "-C", localfleet.RepoRoot(), "rev-parse", "--short", "HEAD").Output(); err == nil {
 		m.Code = "commit " + strings.TrimSpace(string(out))
-		if st, err := exec.Command("git", "-C", fleet.RepoRoot(), "status", "--porcelain").Output(); err == nil {
+		if st, err := exec.Command("git", "-C", localfleet.RepoRoot(), "status", "--porcelain").Output(); err == nil {
 			if lines := strings.TrimSpace(string(st)); lines != "" {
 				n := strings.Count(lines, "\n") + 1
 				m.Code += fmt.Sprintf(" with uncommitted changes (%d paths)", n)

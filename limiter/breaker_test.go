@@ -68,7 +68,7 @@ func TestFailurePolicyLocal(t *testing.T) {
 	admitted := 0
 	for range 15 {
 		switch l.Decide(context.Background(), []Request{{Rule: local, Key: "k", Cost: 1}}, res) {
-		case LocalAdmitted:
+		case LocalAllowed:
 			admitted++
 		case LocalDenied:
 		default:

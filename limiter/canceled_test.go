@@ -45,7 +45,7 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 	// The cache learns the bucket (empty after this); once a token is
 	// back the next request claims it and asks the store, which is slow
 	// now, and a request for the same bucket waits for that answer.
-	if got := lc.Decide(context.Background(), reqs, make([]Result, 1)); got != Admitted {
+	if got := lc.Decide(context.Background(), reqs, make([]Result, 1)); got != Allowed {
 		t.Fatalf("first request: %v", got)
 	}
 	time.Sleep(130 * time.Millisecond) // one token back, not yet full
@@ -59,7 +59,7 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 	if got := lc.Decide(ctx, reqs, make([]Result, 1)); got != Canceled {
 		t.Fatalf("client gone while waiting on the deny cache: %v, want canceled", got)
 	}
-	if got := <-first; got != Admitted {
+	if got := <-first; got != Allowed {
 		t.Fatalf("the first request: %v, want admitted", got)
 	}
 	if lc.Failures() != 0 {

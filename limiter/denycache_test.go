@@ -100,7 +100,7 @@ func TestDenyCacheFloodCostsOneCallPerRefill(t *testing.T) {
 			reqs := []Request{{Rule: rule, Key: "victim", Cost: 1}}
 			res := make([]Result, 1)
 			for time.Since(start) < duration {
-				if l.Decide(context.Background(), reqs, res) == Admitted {
+				if l.Decide(context.Background(), reqs, res) == Allowed {
 					admitted.Add(1)
 				}
 			}
@@ -138,7 +138,7 @@ func TestDenyCacheOtherKeysUnaffected(t *testing.T) {
 	decide := func(key string) Outcome {
 		return l.Decide(context.Background(), []Request{{Rule: rule, Key: key, Cost: 1}}, res)
 	}
-	if decide("a") != Admitted || decide("a") != Denied || decide("a") != Denied {
+	if decide("a") != Allowed || decide("a") != Denied || decide("a") != Denied {
 		t.Fatal("a: want admitted, denied, denied")
 	}
 	// "a" was admitted with nothing left, so the cache knew it was empty
@@ -149,11 +149,11 @@ func TestDenyCacheOtherKeysUnaffected(t *testing.T) {
 	if res[0].RetryAfter != time.Hour || res[0].Remaining != 0 {
 		t.Fatalf("cached denial: %+v, want RetryAfter 1h, Remaining 0", res[0])
 	}
-	if decide("b") != Admitted {
+	if decide("b") != Allowed {
 		t.Fatal("b must not be denied by a's entry")
 	}
 	clk.add(int64(time.Hour / time.Microsecond))
-	if decide("a") != Admitted {
+	if decide("a") != Allowed {
 		t.Fatal("a must pass once its token is back")
 	}
 }
@@ -170,10 +170,10 @@ func TestDenyCacheCostMatters(t *testing.T) {
 	decide := func(cost int64) Outcome {
 		return l.Decide(context.Background(), []Request{{Rule: rule, Key: "k", Cost: cost}}, res)
 	}
-	if decide(7) != Admitted || decide(5) != Denied {
+	if decide(7) != Allowed || decide(5) != Denied {
 		t.Fatal("want 7 admitted, then 5 denied with 3 left")
 	}
-	if decide(3) != Admitted {
+	if decide(3) != Allowed {
 		t.Fatal("3 tokens are left: a request of 3 must pass")
 	}
 	if decide(1) != Denied || cache.Hits() == 0 {

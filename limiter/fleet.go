@@ -38,14 +38,17 @@ const FleetRetention = 10 * time.Minute
 // last report.
 const FleetNodeTimeout = 10 * time.Second
 
-// fleetOutcomeCode names each Outcome in the counters' field names.
+// fleetOutcomeCode names each Outcome in the counters' field names: a short
+// storage code of the outcome's name (a: allowed, d: denied, fo:
+// failed_open, …), kept as it is so that a fleet mid-upgrade adds into the
+// same fields.
 var fleetOutcomeCode = [NumOutcomes]string{
-	Admitted:      "a",
-	Denied:        "d",
-	FailedOpen:    "fo",
-	FailedClosed:  "fc",
-	LocalAdmitted: "la",
-	LocalDenied:   "ld",
+	Allowed:      "a",
+	Denied:       "d",
+	FailedOpen:   "fo",
+	FailedClosed: "fc",
+	LocalAllowed: "la",
+	LocalDenied:  "ld",
 }
 
 // FleetReport is one node's decision counts in one zone since its previous

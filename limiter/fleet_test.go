@@ -18,8 +18,8 @@ func TestFleetCounters(t *testing.T) {
 	s := newRedisStore(t, RedisOptions{Address: r.Addr, KeyPrefix: "fl:"})
 	ctx := context.Background()
 	var a, b FleetReport
-	a.Zone, a.Counts[Admitted], a.Counts[Denied] = "api", 5, 2
-	b.Zone, b.Counts[Admitted], b.Counts[FailedOpen] = "api", 3, 1
+	a.Zone, a.Counts[Allowed], a.Counts[Denied] = "api", 5, 2
+	b.Zone, b.Counts[Allowed], b.Counts[FailedOpen] = "api", 3, 1
 	login := FleetReport{Zone: "login"}
 	login.Counts[LocalDenied] = 4
 	if n, err := s.FleetReport(ctx, "node-a", []FleetReport{a, login}); err != nil || n != 1 {
@@ -42,10 +42,10 @@ func TestFleetCounters(t *testing.T) {
 		}
 		return c
 	}
-	if got := sum("api"); got[Admitted] != 8 || got[Denied] != 2 || got[FailedOpen] != 1 || got[LocalDenied] != 0 {
+	if got := sum("api"); got[Allowed] != 8 || got[Denied] != 2 || got[FailedOpen] != 1 || got[LocalDenied] != 0 {
 		t.Errorf("api: %v", got)
 	}
-	if got := sum("login"); got[LocalDenied] != 4 || got[Admitted] != 0 {
+	if got := sum("login"); got[LocalDenied] != 4 || got[Allowed] != 0 {
 		t.Errorf("login: %v", got)
 	}
 	if got := sum("idle"); got != ([NumOutcomes]int64{}) || len(view.Zones["idle"].Seconds) != 60 {

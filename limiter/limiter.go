@@ -76,8 +76,8 @@ type Outcome uint8
 
 // The outcomes of Limiter.Decide.
 const (
-	// Admitted: every zone admitted the request and was charged.
-	Admitted Outcome = iota
+	// Allowed: every zone admitted the request and was charged.
+	Allowed Outcome = iota
 	// Denied: at least one zone denied; no zone was charged.
 	Denied
 	// FailedOpen: the store failed and every zone's policy is allow: the
@@ -86,9 +86,9 @@ const (
 	// FailedClosed: the store failed and a zone's policy is deny: the
 	// request is rejected because the limiter cannot decide.
 	FailedClosed
-	// LocalAdmitted: the store failed and the zones with the local policy
+	// LocalAllowed: the store failed and the zones with the local policy
 	// admitted the request on this node's fallback buckets.
-	LocalAdmitted
+	LocalAllowed
 	// LocalDenied: the store failed and a zone with the local policy
 	// denied the request on this node's fallback bucket.
 	LocalDenied
@@ -98,19 +98,19 @@ const (
 	Canceled
 )
 
-// String names the outcome.
+// String names the outcome as metrics, statistics and events do.
 func (o Outcome) String() string {
 	switch o {
-	case Admitted:
-		return "admitted"
+	case Allowed:
+		return "allowed"
 	case Denied:
 		return "denied"
 	case FailedOpen:
 		return "failed_open"
 	case FailedClosed:
 		return "failed_closed"
-	case LocalAdmitted:
-		return "local_admitted"
+	case LocalAllowed:
+		return "local_allowed"
 	case LocalDenied:
 		return "local_denied"
 	case Canceled:
@@ -205,8 +205,8 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 	}
 	sent := l.cache.now()
 	out := l.decide(ctx, reqs, results)
-	if out == Admitted || out == Denied {
-		l.cache.learn(reqs, results, sent, out == Admitted)
+	if out == Allowed || out == Denied {
+		l.cache.learn(reqs, results, sent, out == Allowed)
 	}
 	l.cache.release(&p)
 	return out
@@ -218,7 +218,7 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	l.observeStore(start, err)
 	switch {
 	case err == nil && ok:
-		return Admitted
+		return Allowed
 	case err == nil:
 		return Denied
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
@@ -299,7 +299,7 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		results[i].owed = 0
 	}
 	if ok {
-		return LocalAdmitted
+		return LocalAllowed
 	}
 	return LocalDenied
 }

@@ -21,7 +21,7 @@ func TestLimiterOutcomes(t *testing.T) {
 	r := mustRule(t, "api", 1, time.Hour, 2)
 	reqs := []Request{{Rule: r, Key: "k", Cost: 1}}
 	results := make([]Result, 1)
-	for i, want := range []Outcome{Admitted, Admitted, Denied, Denied} {
+	for i, want := range []Outcome{Allowed, Allowed, Denied, Denied} {
 		if got := l.Decide(context.Background(), reqs, results); got != want {
 			t.Fatalf("decision %d: %v, want %v", i, got, want)
 		}

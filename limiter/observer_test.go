@@ -57,7 +57,7 @@ func TestObserverSeesStoreCallsAndCacheHits(t *testing.T) {
 	other := mustRule(t, "other", 100, time.Hour, 100)
 	reqs := []Request{{Rule: other, Key: "k", Cost: 1}, {Rule: api, Key: "k", Cost: 1}}
 	results := make([]Result, 2)
-	want := []Outcome{Admitted, Denied, Denied, Denied}
+	want := []Outcome{Allowed, Denied, Denied, Denied}
 	for i, w := range want {
 		if got := l.Decide(context.Background(), reqs, results); got != w {
 			t.Fatalf("decision %d: %v, want %v", i, got, w)

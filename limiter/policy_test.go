@@ -39,7 +39,7 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 		admitted := 0
 		for range n {
 			switch l.Decide(context.Background(), []Request{{Rule: r, Key: key, Cost: 1}}, res) {
-			case LocalAdmitted:
+			case LocalAllowed:
 				admitted++
 			case LocalDenied:
 			default:
@@ -73,7 +73,7 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 	res := make([]Result, 1)
 	admitted := 0
 	for range 20 {
-		if l.Decide(context.Background(), []Request{{Rule: fixed, Key: "k", Cost: 1}}, res) == LocalAdmitted {
+		if l.Decide(context.Background(), []Request{{Rule: fixed, Key: "k", Cost: 1}}, res) == LocalAllowed {
 			admitted++
 		}
 	}

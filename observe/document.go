@@ -37,18 +37,18 @@ type outcomeCounts[T uint64 | float64] struct {
 
 func countsOf(c [limiter.NumOutcomes]uint64) outcomeCounts[uint64] {
 	return outcomeCounts[uint64]{
-		Allowed: c[limiter.Admitted], Denied: c[limiter.Denied],
+		Allowed: c[limiter.Allowed], Denied: c[limiter.Denied],
 		FailedOpen: c[limiter.FailedOpen], FailedClosed: c[limiter.FailedClosed],
-		LocalAllowed: c[limiter.LocalAdmitted], LocalDenied: c[limiter.LocalDenied],
+		LocalAllowed: c[limiter.LocalAllowed], LocalDenied: c[limiter.LocalDenied],
 	}
 }
 
 func ratesOf(c [limiter.NumOutcomes]uint64, seconds int) outcomeCounts[float64] {
 	d := float64(seconds)
 	return outcomeCounts[float64]{
-		Allowed: float64(c[limiter.Admitted]) / d, Denied: float64(c[limiter.Denied]) / d,
+		Allowed: float64(c[limiter.Allowed]) / d, Denied: float64(c[limiter.Denied]) / d,
 		FailedOpen: float64(c[limiter.FailedOpen]) / d, FailedClosed: float64(c[limiter.FailedClosed]) / d,
-		LocalAllowed: float64(c[limiter.LocalAdmitted]) / d, LocalDenied: float64(c[limiter.LocalDenied]) / d,
+		LocalAllowed: float64(c[limiter.LocalAllowed]) / d, LocalDenied: float64(c[limiter.LocalDenied]) / d,
 	}
 }
 
@@ -305,7 +305,7 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 }
 
 func passed(c [limiter.NumOutcomes]uint64) uint64 {
-	return c[limiter.Admitted] + c[limiter.LocalAdmitted] + c[limiter.FailedOpen]
+	return c[limiter.Allowed] + c[limiter.LocalAllowed] + c[limiter.FailedOpen]
 }
 
 func rejected(c [limiter.NumOutcomes]uint64) uint64 {

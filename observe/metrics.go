@@ -38,12 +38,12 @@ const (
 
 // outcomeNames label each limiter.Outcome when it is a zone's outcome.
 var outcomeNames = [limiter.NumOutcomes]string{
-	limiter.Admitted:      "allowed",
-	limiter.Denied:        "denied",
-	limiter.FailedOpen:    "failed_open",
-	limiter.FailedClosed:  "failed_closed",
-	limiter.LocalAdmitted: "local_allowed",
-	limiter.LocalDenied:   "local_denied",
+	limiter.Allowed:      "allowed",
+	limiter.Denied:       "denied",
+	limiter.FailedOpen:   "failed_open",
+	limiter.FailedClosed: "failed_closed",
+	limiter.LocalAllowed: "local_allowed",
+	limiter.LocalDenied:  "local_denied",
 }
 
 // Store error reasons, as labelled.

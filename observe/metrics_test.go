@@ -70,15 +70,15 @@ func TestZoneOutcome(t *testing.T) {
 		want    limiter.Outcome
 		ok      bool
 	}{
-		{limiter.Admitted, allow, yes, limiter.Admitted, true},
+		{limiter.Allowed, allow, yes, limiter.Allowed, true},
 		{limiter.Denied, allow, no, limiter.Denied, true},
 		{limiter.Denied, allow, yes, 0, false},     // another zone denied
 		{limiter.Denied, allow, unknown, 0, false}, // a cached denial elsewhere
 		{limiter.FailedOpen, allow, unknown, limiter.FailedOpen, true},
 		{limiter.FailedClosed, deny, &limiter.Result{Unknown: true}, limiter.FailedClosed, true},
 		{limiter.FailedClosed, allow, unknown, 0, false},
-		{limiter.LocalAdmitted, local, yes, limiter.LocalAdmitted, true},
-		{limiter.LocalAdmitted, allow, unknown, limiter.FailedOpen, true},
+		{limiter.LocalAllowed, local, yes, limiter.LocalAllowed, true},
+		{limiter.LocalAllowed, allow, unknown, limiter.FailedOpen, true},
 		{limiter.LocalDenied, local, no, limiter.LocalDenied, true},
 		{limiter.LocalDenied, local, yes, 0, false},
 		{limiter.LocalDenied, allow, unknown, 0, false},

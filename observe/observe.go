@@ -213,24 +213,24 @@ func (h *Handler) Cleanup() error {
 // only if the request passed, and a request that another zone rejected is
 // not counted in a zone that would have let it through.
 //
-//	Admitted       every zone: allowed
+//	Allowed        every zone: allowed
 //	Denied         the zones that denied: denied
 //	FailedOpen     every zone: failed_open
 //	FailedClosed   the zones whose policy is deny: failed_closed
-//	LocalAdmitted  zones with the local policy: local_allowed; others failed_open
+//	LocalAllowed   zones with the local policy: local_allowed; others failed_open
 //	LocalDenied    the local zones that denied: local_denied
 func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Result) (limiter.Outcome, bool) {
 	local := rule.OnError() == limiter.PolicyLocal && rule.LocalBucket() != ""
 	switch outcome {
-	case limiter.Admitted, limiter.FailedOpen:
+	case limiter.Allowed, limiter.FailedOpen:
 		return outcome, true
 	case limiter.Denied:
 		return limiter.Denied, !res.Allowed && !res.Unknown
 	case limiter.FailedClosed:
 		return limiter.FailedClosed, rule.OnError() == limiter.PolicyDeny
-	case limiter.LocalAdmitted:
+	case limiter.LocalAllowed:
 		if local {
-			return limiter.LocalAdmitted, true
+			return limiter.LocalAllowed, true
 		}
 		return limiter.FailedOpen, true
 	case limiter.LocalDenied:

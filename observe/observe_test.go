@@ -93,7 +93,7 @@ func TestFailedReloadKeepsStats(t *testing.T) {
 
 	// Config C loads: it shows while A still runs beside it, and alone
 	// once A is cleaned up; the counts go on.
-	a.zones[0].stats.count(limiter.Admitted, time.Now().Unix())
+	a.zones[0].stats.count(limiter.Allowed, time.Now().Unix())
 	c := provision(t, zone, 40, storeA)
 	wantZone(t, "while C provisions", zone, 40, storeA.name)
 	if err := a.Cleanup(); err != nil {
@@ -122,7 +122,7 @@ func TestZoneOnTwoStores(t *testing.T) {
 	h1 := provision(t, zone, 10, mem)
 	h2 := provision(t, zone, 20, other)
 	sec := time.Now().Unix()
-	h1.zones[0].stats.count(limiter.Admitted, sec)
+	h1.zones[0].stats.count(limiter.Allowed, sec)
 	h2.zones[0].stats.count(limiter.Denied, sec)
 	h2.zones[0].stats.count(limiter.Denied, sec)
 

@@ -14,30 +14,30 @@ func TestCounterRing(t *testing.T) {
 	var r counterRing
 	const base = 1_700_000_000
 	for i := range 5 {
-		r.add(base, limiter.Admitted)
+		r.add(base, limiter.Allowed)
 		r.add(base+1, limiter.Denied)
 		if i < 2 {
 			r.add(base+2, limiter.FailedOpen)
 		}
 	}
-	if c := r.sum(base+2, 3); c[limiter.Admitted] != 5 || c[limiter.Denied] != 5 || c[limiter.FailedOpen] != 2 {
+	if c := r.sum(base+2, 3); c[limiter.Allowed] != 5 || c[limiter.Denied] != 5 || c[limiter.FailedOpen] != 2 {
 		t.Fatalf("sum %v", c)
 	}
-	if c := r.sum(base+2, 1); c[limiter.Admitted] != 0 || c[limiter.FailedOpen] != 2 {
+	if c := r.sum(base+2, 1); c[limiter.Allowed] != 0 || c[limiter.FailedOpen] != 2 {
 		t.Fatalf("last second %v", c)
 	}
 	// A slot reused a lap later starts from zero, and the old second is
 	// gone; a second that has left the ring is not counted.
 	lap := int64(len(r.slots))
 	r.add(base+lap, limiter.Denied)
-	if c := r.get(base + lap); c[limiter.Denied] != 1 || c[limiter.Admitted] != 0 {
+	if c := r.get(base + lap); c[limiter.Denied] != 1 || c[limiter.Allowed] != 0 {
 		t.Fatalf("reused slot %v", c)
 	}
 	if c := r.get(base); c != ([limiter.NumOutcomes]uint64{}) {
 		t.Fatalf("the overwritten second still reads %v", c)
 	}
-	r.add(base, limiter.Admitted)
-	if c := r.get(base + lap); c[limiter.Admitted] != 0 {
+	r.add(base, limiter.Allowed)
+	if c := r.get(base + lap); c[limiter.Allowed] != 0 {
 		t.Fatalf("a late add for an old second landed in the new one: %v", c)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	caddyBin, err = fleet.BuildCaddy(dir)
+	caddyBin, err = localfleet.BuildCaddy(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -33,16 +33,16 @@ func TestMain(m *testing.M) {
 
 // node is a Caddy process bound to the test that started it.
 type node struct {
-	*fleet.Node
+	*localfleet.Node
 	t   *testing.T
-	log *fleet.SyncBuffer
+	log *localfleet.SyncBuffer
 }
 
 // startCaddy runs Caddy with globals in the global options block and site
 // in a site block on a free port.
 func startCaddy(t *testing.T, globals, site string) *node {
 	t.Helper()
-	n := fleet.StartNode(t, caddyBin, globals, site)
+	n := localfleet.StartNode(t, caddyBin, globals, site)
 	return &node{Node: n, t: t, log: n.Log}
 }
 
@@ -53,7 +53,7 @@ func (n *node) reload(globals, site string) {
 	}
 }
 
-type response = fleet.Response
+type response = localfleet.Response
 
 func (n *node) do(method, path string, headers ...string) response {
 	n.t.Helper()

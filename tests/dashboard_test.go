@@ -21,7 +21,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -269,7 +269,7 @@ func findChromium() string {
 // stops when the test ends; output is what it printed, for error messages.
 func openPage(t *testing.T, bin, pageURL string) (page context.Context, output fmt.Stringer) {
 	t.Helper()
-	out := &fleet.SyncBuffer{}
+	out := &localfleet.SyncBuffer{}
 	// No user-data-dir flag: the allocator makes a fresh profile directory
 	// for the browser and removes it, after the browser's helper processes,
 	// when the browser stops.

@@ -4,7 +4,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
 // keyDigestRE finds a key digest in the module's denial log lines.
@@ -37,9 +37,9 @@ func TestKeyDigestSecretInStorage(t *testing.T) {
 	}
 	respond "ok"`
 	home := t.TempDir()
-	a := &node{Node: fleet.StartNode(t, caddyBin, "debug", site, "HOME="+home), t: t}
+	a := &node{Node: localfleet.StartNode(t, caddyBin, "debug", site, "HOME="+home), t: t}
 	a.log = a.Node.Log
-	b := &node{Node: fleet.StartNode(t, caddyBin, "debug", site, "HOME="+home), t: t}
+	b := &node{Node: localfleet.StartNode(t, caddyBin, "debug", site, "HOME="+home), t: t}
 	b.log = b.Node.Log
 	c := startCaddy(t, "debug", site) // a storage of its own
 	da, db, dc := denialDigest(t, a, "203.0.113.9"), denialDigest(t, b, "203.0.113.9"), denialDigest(t, c, "203.0.113.9")

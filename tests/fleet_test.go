@@ -10,20 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
 // startFleet starts count Caddy nodes with one site configuration.
-func startFleet(t *testing.T, count int, site string, env ...string) []*fleet.Node {
+func startFleet(t *testing.T, count int, site string, env ...string) []*localfleet.Node {
 	t.Helper()
-	nodes := make([]*fleet.Node, count)
+	nodes := make([]*localfleet.Node, count)
 	var wg sync.WaitGroup
 	for i := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i] = fleet.StartNode(t, caddyBin, "", site, env...)
+			nodes[i] = localfleet.StartNode(t, caddyBin, "", site, env...)
 		}()
 	}
 	wg.Wait()
@@ -44,9 +44,9 @@ func redisBlock(r *redistest.Server) string {
 func TestFleetExactness(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
-	sc := fleet.Exactness(redisBlock(r))
+	sc := localfleet.Exactness(redisBlock(r))
 	nodes := startFleet(t, 3, sc.Site)
-	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: 10 * time.Second})
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: 10 * time.Second})
 	t.Logf("3 nodes, 60 connections, %s:\n%s\n%s", rep.Duration.Round(time.Millisecond), rep.Table(), rep.DeniedTable(sc.Targets))
 	for _, bad := range rep.Check() {
 		t.Error(bad)
@@ -97,11 +97,11 @@ func scriptCalls(t *testing.T, r *redistest.Server) int64 {
 func TestFleetDenyCache(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
-	sc := fleet.Flood(redisBlock(r))
+	sc := localfleet.Flood(redisBlock(r))
 	nodes := startFleet(t, 3, sc.Site)
 	before := scriptCalls(t, r)
 	const d = 5 * time.Second
-	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 30, Duration: d})
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 30, Duration: d})
 	calls := scriptCalls(t, r) - before
 	s := rep.Targets[sc.Targets[0]]
 	t.Logf("flood: %d requests, %d admitted, %d script calls in Redis\n%s", s.Requests, s.Admitted, calls, rep.Table())
@@ -160,13 +160,13 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 	}
 	slow, fast := site(20), site(60)
 	nodes := startFleet(t, 3, slow)
-	b := &fleet.Bucket{Zone: "r", Key: "k", Rate: 60, Per: time.Second, Burst: 20}
-	targets := []*fleet.Target{{Name: "k", Path: "/", Headers: []string{"X-Key: k"}, Cost: 1, Buckets: []*fleet.Bucket{b}}}
+	b := &localfleet.Bucket{Zone: "r", Key: "k", Rate: 60, Per: time.Second, Burst: 20}
+	targets := []*localfleet.Target{{Name: "k", Path: "/", Headers: []string{"X-Key: k"}, Cost: 1, Buckets: []*localfleet.Bucket{b}}}
 
 	var clients []int
 	var reloadErrs []error
 	rounds := 0
-	rep := fleet.Run(context.Background(), fleet.Load{
+	rep := localfleet.Run(context.Background(), localfleet.Load{
 		Nodes: nodes, Targets: targets, Connections: 30, Duration: 8 * time.Second,
 		During: func(elapsed time.Duration) {
 			// From 0.5 s on, a round every 400 ms: every node reloads at
@@ -227,7 +227,7 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 	}
 	// The last configuration (60 per second) governs now: under full load
 	// for 2 s the fleet admits about 120, which 20 per second could not.
-	rep = fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: targets, Connections: 30, Duration: 2 * time.Second})
+	rep = localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: targets, Connections: 30, Duration: 2 * time.Second})
 	s = rep.Targets[targets[0]]
 	t.Logf("after the reloads (60/s): %d admitted in %s", s.Tokens, rep.Duration.Round(time.Millisecond))
 	for _, bad := range rep.Check() {
@@ -245,20 +245,20 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 // node that is ahead a full bucket on every request.
 func TestFleetClockSkew(t *testing.T) {
 	t.Parallel()
-	skewed, err := fleet.BuildCaddy(t.TempDir(), "fleetlimit_clockskew")
+	skewed, err := localfleet.BuildCaddy(t.TempDir(), "fleetlimit_clockskew")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := redistest.Start(t)
-	sc := fleet.Exactness(redisBlock(r))
-	var nodes [3]*fleet.Node
+	sc := localfleet.Exactness(redisBlock(r))
+	var nodes [3]*localfleet.Node
 	var wg sync.WaitGroup
 	for i, bin := range []string{skewed, skewed, caddyBin} {
 		env := []string{"FLEETLIMIT_CLOCK_SKEW=" + []string{"1h", "-1h", "0s"}[i]}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i] = fleet.StartNode(t, bin, "", sc.Site, env...)
+			nodes[i] = localfleet.StartNode(t, bin, "", sc.Site, env...)
 		}()
 	}
 	wg.Wait()
@@ -267,7 +267,7 @@ func TestFleetClockSkew(t *testing.T) {
 			t.Fatalf("node %d does not run with its clock skewed (%q not in its output)", i+1, want)
 		}
 	}
-	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes[:], Targets: sc.Targets, Connections: 60, Duration: 6 * time.Second})
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes[:], Targets: sc.Targets, Connections: 60, Duration: 6 * time.Second})
 	t.Logf("node clocks +1h, -1h, exact; 60 connections, %s:\n%s", rep.Duration.Round(time.Millisecond), rep.Table())
 	for _, bad := range rep.Check() {
 		t.Error(bad)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -29,7 +29,7 @@ func startCPUStress(t *testing.T, workers int, d time.Duration) (running func() 
 		t.Skipf("stress-ng is not on PATH (apt-get install stress-ng); CI is not set, so this test is skipped: %v", err)
 	}
 	cmd := exec.Command("stress-ng", "--cpu", fmt.Sprint(workers), "--timeout", fmt.Sprintf("%ds", int(d.Seconds())), "--quiet")
-	log := &fleet.SyncBuffer{}
+	log := &localfleet.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting stress-ng: %v", err)
@@ -81,7 +81,7 @@ func startCPUStress(t *testing.T, workers int, d time.Duration) (running func() 
 func TestFleetExactnessUnderCPUStress(t *testing.T) {
 	r := redistest.Start(t)
 	// The default timeout and failure policy: only the address.
-	sc := fleet.Exactness(fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr))
+	sc := localfleet.Exactness(fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr))
 	nodes := startFleet(t, 3, sc.Site)
 	before := scrapeAll(t, nodes)
 
@@ -92,7 +92,7 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 	breakerSeen := make([]float64, len(nodes)) // the most the gauge read, per node
 	samples := 0
 	last := time.Duration(0)
-	rep := fleet.Run(context.Background(), fleet.Load{
+	rep := localfleet.Run(context.Background(), localfleet.Load{
 		Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: d,
 		During: func(elapsed time.Duration) {
 			if elapsed-last < 500*time.Millisecond {
@@ -126,7 +126,7 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 	// Admitted per bucket: the requests admitted with rate limit fields,
 	// and those that passed because the store failed (the default policy
 	// lets them through, so they count against the bound like any other).
-	failedOpen := map[*fleet.Bucket]int64{}
+	failedOpen := map[*localfleet.Bucket]int64{}
 	for tg, s := range rep.Targets {
 		for _, b := range tg.Buckets {
 			failedOpen[b] += s.FailedOpen * tg.Cost
@@ -179,9 +179,9 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 }
 
 // scrapeAll reads every node's metrics.
-func scrapeAll(t *testing.T, nodes []*fleet.Node) []fleet.Metrics {
+func scrapeAll(t *testing.T, nodes []*localfleet.Node) []localfleet.Metrics {
 	t.Helper()
-	out := make([]fleet.Metrics, len(nodes))
+	out := make([]localfleet.Metrics, len(nodes))
 	for i, n := range nodes {
 		m, err := n.Metrics()
 		if err != nil {
@@ -194,7 +194,7 @@ func scrapeAll(t *testing.T, nodes []*fleet.Node) []fleet.Metrics {
 
 // delta is, per value of the label by, how much the counter name grew
 // from before to after, summed over the nodes.
-func delta(before, after []fleet.Metrics, by, name string) map[string]float64 {
+func delta(before, after []localfleet.Metrics, by, name string) map[string]float64 {
 	out := map[string]float64{}
 	for i := range after {
 		for k, v := range after[i].By(by, name) {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -21,9 +21,9 @@ func TestClusterFleetExactness(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	block := fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", strings.Join(c.Addrs(), " "))
-	sc := fleet.Exactness(block)
+	sc := localfleet.Exactness(block)
 	nodes := startFleet(t, 3, sc.Site)
-	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: 8 * time.Second})
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: 8 * time.Second})
 	t.Logf("cluster of 3, 3 nodes, 60 connections, %s:\n%s\n%s", rep.Duration.Round(time.Millisecond), rep.Table(), rep.DeniedTable(sc.Targets))
 	for _, bad := range rep.Check() {
 		t.Error(bad)
@@ -69,15 +69,15 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 	}
 	respond "ok"`+"\n\thandle_errors 429 {\n\t\trespond \"{http.rate_limit.exceeded.name}\" 429\n\t}", block)
 	nodes := startFleet(t, 3, site)
-	var targets []*fleet.Target
+	var targets []*localfleet.Target
 	for i := range 4 {
 		k := fmt.Sprintf("mover-%d", i)
-		b := &fleet.Bucket{Zone: "m", Key: k, Rate: 50, Per: time.Second, Burst: 20, Saturated: true}
-		targets = append(targets, &fleet.Target{Name: k, Path: "/", Headers: []string{"X-Key: " + k}, Cost: 1, Buckets: []*fleet.Bucket{b}})
+		b := &localfleet.Bucket{Zone: "m", Key: k, Rate: 50, Per: time.Second, Burst: 20, Saturated: true}
+		targets = append(targets, &localfleet.Target{Name: k, Path: "/", Headers: []string{"X-Key: " + k}, Cost: 1, Buckets: []*localfleet.Bucket{b}})
 	}
 	slot := c.KeySlot("rl:m:{mover-0}")
 	var moved atomic.Bool
-	rep := fleet.Run(context.Background(), fleet.Load{
+	rep := localfleet.Run(context.Background(), localfleet.Load{
 		Nodes: nodes, Targets: targets, Connections: 30, Duration: 8 * time.Second,
 		During: func(elapsed time.Duration) {
 			if elapsed < 2*time.Second || moved.Load() {

@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fleetlimit/caddy-fleetlimit/internal/fleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -36,7 +36,7 @@ func main() {
 
 func run(env *env, nodeCount, conns int, d time.Duration) int {
 	fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
-	bin, err := fleet.BuildCaddy(env.TempDir())
+	bin, err := localfleet.BuildCaddy(env.TempDir())
 	if err != nil {
 		env.Fatal(err)
 	}
@@ -44,14 +44,14 @@ func run(env *env, nodeCount, conns int, d time.Duration) int {
 	// A generous timeout: on one machine the nodes, Redis and the load
 	// generator share the CPUs, and a decision that failed open would leave
 	// its bucket's bound uncheckable.
-	sc := fleet.Exactness(fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", r.Addr))
-	nodes := make([]*fleet.Node, nodeCount)
+	sc := localfleet.Exactness(fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", r.Addr))
+	nodes := make([]*localfleet.Node, nodeCount)
 	var wg sync.WaitGroup
 	for i := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i] = fleet.StartNode(env, bin, "", sc.Site)
+			nodes[i] = localfleet.StartNode(env, bin, "", sc.Site)
 		}()
 	}
 	wg.Wait()
@@ -61,7 +61,7 @@ func run(env *env, nodeCount, conns int, d time.Duration) int {
 	}
 	fmt.Fprintf(os.Stderr, "\nloading them with %d connections for %s ...\n", conns, d)
 
-	rep := fleet.Run(context.Background(), fleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: conns, Duration: d})
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: sc.Targets, Connections: conns, Duration: d})
 	fmt.Printf("%d nodes, %d connections, %s; one Redis\n\n", nodeCount, conns, rep.Duration.Round(time.Millisecond))
 	fmt.Println("Admitted tokens per bucket against the exact bound burst + rate x elapsed (elapsed: first request sent to last answer):")
 	fmt.Println()

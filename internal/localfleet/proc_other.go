@@ -1,6 +1,6 @@
 //go:build !linux
 
-package fleet
+package localfleet
 
 import "syscall"
 

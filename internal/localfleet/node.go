@@ -1,7 +1,7 @@
-// Package fleet runs a local fleet for tests and for the fleet harness
+// Package localfleet runs a local fleet for tests and for the fleet harness
 // command: Caddy processes built from cmd/caddy, sharing a Caddyfile and a
 // Redis, and concurrent HTTP load spread over them.
-package fleet
+package localfleet
 
 import (
 	"bytes"
