@@ -79,7 +79,7 @@ func TestFailurePolicyLocal(t *testing.T) {
 		t.Fatalf("local bucket admitted %d, want its burst of 10", admitted)
 	}
 	deny := mustConfig(t, RuleConfig{Name: "login", Rate: 5, Per: time.Minute, Burst: 5, OnError: PolicyDeny, FleetSize: 1})
-	allow := mustRule(t, "api", 5, time.Minute, 5)
+	allow := mustConfig(t, RuleConfig{Name: "api", Rate: 5, Per: time.Minute, Burst: 5, OnError: PolicyAllow})
 	two := []Result{{}, {}}
 	if got := l.Decide(context.Background(), []Request{{Rule: allow, Key: "k", Cost: 1}, {Rule: deny, Key: "k", Cost: 1}}, two); got != FailedClosed {
 		t.Fatalf("deny with allow: %v, want FailedClosed", got)

@@ -10,16 +10,20 @@ import (
 type Policy uint8
 
 // The failure policies.
+//
+// PolicyLocal is the zero value, so that a rule built without naming a
+// policy keeps limiting when the store fails, as a configuration without
+// on_error does.
 const (
-	// PolicyAllow lets the request pass unlimited (fail open).
-	PolicyAllow Policy = iota
-	// PolicyDeny rejects the request (fail closed): 503, the store failed.
-	PolicyDeny
 	// PolicyLocal decides against an in-memory bucket on this node with
 	// the zone's rate and burst divided by the fleet size, so that the
 	// fleet stays about within the limit while the store is away. The
 	// default.
-	PolicyLocal
+	PolicyLocal Policy = iota
+	// PolicyAllow lets the request pass unlimited (fail open).
+	PolicyAllow
+	// PolicyDeny rejects the request (fail closed): 503, the store failed.
+	PolicyDeny
 )
 
 // DefaultPolicy is the failure policy of a zone that names none: a limiter

@@ -21,6 +21,10 @@ func TestDefaultPolicyIsLocal(t *testing.T) {
 	if p, err := ParsePolicy("allow"); err != nil || p != PolicyAllow {
 		t.Fatalf(`ParsePolicy("allow") = %v, %v`, p, err)
 	}
+	// A rule built without naming a policy is local too: the zero value.
+	if r := mustRule(t, "api", 10, time.Second, 0); r.OnError() != PolicyLocal || r.LocalBucket() == "" {
+		t.Fatalf("a rule without a policy: %v, local bucket %q; want local", r.OnError(), r.LocalBucket())
+	}
 }
 
 // TestFailurePolicyLocalFleetView: a zone without a fixed fleet size

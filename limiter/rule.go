@@ -105,8 +105,7 @@ type RuleConfig struct {
 	// allows.
 	MaxDelay time.Duration
 	// OnError is what the zone does when the store fails. Default
-	// PolicyAllow, the zero value (a configuration that names no policy
-	// gets DefaultPolicy, from ParsePolicy("")).
+	// PolicyLocal, the zero value (DefaultPolicy, as ParsePolicy("")).
 	OnError Policy
 	// FleetSize is, under PolicyLocal, how many nodes share the limit:
 	// each node's fallback bucket gets the rate divided by it (for the
