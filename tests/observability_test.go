@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
@@ -31,61 +32,24 @@ func (n *node) adminGet(path string) string {
 	return string(body)
 }
 
-// series is one sample of Prometheus' text format.
-type series struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
 // scrape reads Caddy's metrics endpoint on the admin listener.
-func (n *node) scrape() []series {
+func (n *node) scrape() localfleet.Metrics {
 	n.t.Helper()
-	var out []series
-	for _, line := range strings.Split(n.adminGet("/metrics"), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			n.t.Fatalf("metrics line %q: %v", line, err)
-		}
-		s := series{labels: map[string]string{}, value: v}
-		head := line[:sp]
-		name, rest, ok := strings.Cut(head, "{")
-		s.name = name
-		if ok {
-			for _, pair := range strings.Split(strings.TrimSuffix(rest, "}"), `",`) {
-				k, val, _ := strings.Cut(pair, "=")
-				s.labels[k] = strings.Trim(val, `"`)
-			}
-		}
-		out = append(out, s)
+	m, err := n.Metrics()
+	if err != nil {
+		n.t.Fatalf("scraping metrics: %v", err)
 	}
-	return out
+	return m
 }
 
 // metric returns the sum of the samples of name whose labels include the
 // given pairs, and whether there was any.
-func metric(all []series, name string, labels ...string) (float64, bool) {
-	sum, found := 0.0, false
-	for _, s := range all {
-		if s.name != name {
-			continue
-		}
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			match = match && s.labels[labels[i]] == labels[i+1]
-		}
-		if match {
-			sum, found = sum+s.value, true
-		}
-	}
+func metric(all localfleet.Metrics, name string, labels ...string) (float64, bool) {
+	sum, found := all.By("", name, labels...)[""]
 	return sum, found
 }
 
-func wantMetric(t *testing.T, all []series, want float64, name string, labels ...string) {
+func wantMetric(t *testing.T, all localfleet.Metrics, want float64, name string, labels ...string) {
 	t.Helper()
 	if got, _ := metric(all, name, labels...); got != want {
 		t.Errorf("%s%v = %v, want %v", name, labels, got, want)
@@ -203,9 +167,9 @@ func TestMetricsAfterKnownLoad(t *testing.T) {
 	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "obs_login", "outcome", "denied")
 	wantMetric(t, m, 0, "caddy_rate_limit_decisions_total", "outcome", "failed_open")
 	for _, s := range m {
-		for _, v := range s.labels {
+		for _, v := range s.Labels {
 			if v == "a" || v == "b" {
-				t.Errorf("a client key is a label value: %s %v", s.name, s.labels)
+				t.Errorf("a client key is a label value: %s %v", s.Name, s.Labels)
 			}
 		}
 	}
