@@ -37,8 +37,8 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 
 	// Waiting on the deny cache for another request's answer about the
 	// same bucket.
-	two := mustRule(t, "two", 10, time.Second, 2) // a token each 100 ms
-	reqs = []Request{{Rule: two, Key: "k", Cost: 2}}
+	ten := mustRule(t, "ten", 10, time.Second, 10) // a token each 100 ms, full after 1 s
+	reqs = []Request{{Rule: ten, Key: "k", Cost: 10}}
 	slow := &countingStore{Store: NewMemoryStore(MemoryOptions{Sweep: time.Hour})}
 	t.Cleanup(func() { _ = slow.Store.(*MemoryStore).Close() })
 	lc := New(slow, Options{Cache: NewDenyCache(DenyCacheOptions{})})
@@ -48,12 +48,17 @@ func TestCanceledIsNotAFailure(t *testing.T) {
 	if got := lc.Decide(context.Background(), reqs, make([]Result, 1)); got != Allowed {
 		t.Fatalf("first request: %v", got)
 	}
-	time.Sleep(130 * time.Millisecond) // one token back, not yet full
+	time.Sleep(130 * time.Millisecond) // a token back, and far from full
 	reqs[0].Cost = 1
 	slow.delay = 400 * time.Millisecond
 	first := make(chan Outcome)
 	go func() { first <- lc.Decide(context.Background(), reqs, make([]Result, 1)) }()
-	time.Sleep(20 * time.Millisecond) // the first request is in the store
+	for deadline := time.Now().Add(5 * time.Second); slow.calls.Load() < 2; { // the first request is in the store
+		if time.Now().After(deadline) {
+			t.Fatal("the first request did not reach the store in 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	ctx, cancel = context.WithCancel(context.Background())
 	time.AfterFunc(10*time.Millisecond, cancel)
 	if got := lc.Decide(ctx, reqs, make([]Result, 1)); got != Canceled {
