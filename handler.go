@@ -234,7 +234,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		return false, caddyhttp.Error(statusClientClosed, r.Context().Err())
 	}
 	// Before known() drops the zones a cached denial left unconsulted.
-	h.obs.Decided(repl, outcome, obs, reqs, results)
+	h.obs.Decided(r, repl, outcome, obs, reqs, results)
 	switch outcome {
 	case limiter.FailedOpen:
 		return true, nil

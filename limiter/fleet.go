@@ -49,6 +49,8 @@ var fleetOutcomeCode = [NumOutcomes]string{
 	FailedClosed: "fc",
 	LocalAllowed: "la",
 	LocalDenied:  "ld",
+	Banned:       "b",
+	DryRunDenied: "dd",
 }
 
 // FleetReport is one node's decision counts in one zone since its previous

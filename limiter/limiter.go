@@ -56,6 +56,18 @@ type Result struct {
 	// answered the request from another zone's cached denial. Allowed is
 	// then true and the other fields are zero.
 	Unknown bool
+	// DryRun reports that the zone is a dry run and would have denied
+	// the request: Allowed is true (the zone denies nothing), the zone
+	// was not charged, and the other fields say what an enforced zone
+	// would have answered.
+	DryRun bool
+	// Banned reports that the zone denied the request because its key is
+	// banned; RetryAfter is the rest of the ban. With DryRun: the key
+	// would be banned.
+	Banned bool
+	// BanStarted reports that this request's denial started the key's
+	// ban (with DryRun: would have started it).
+	BanStarted bool
 
 	// owed is the bucket's debt in ticks right after the decision (after
 	// the charge if the request was admitted): what the deny cache learns.
@@ -92,6 +104,13 @@ const (
 	// LocalDenied: the store failed and a zone with the local policy
 	// denied the request on this node's fallback bucket.
 	LocalDenied
+	// Banned: a zone denied the request because its key is banned (see
+	// RuleConfig.Ban). A zone's outcome only: the request's is Denied.
+	Banned
+	// DryRunDenied: a dry-run zone would have denied the request; it
+	// passed, and the zone was not charged. A zone's outcome only: the
+	// request's is what the enforced zones decided.
+	DryRunDenied
 	// Canceled: the request went away (its context ended) before it was
 	// decided. It is neither a decision nor a store failure, and no
 	// zone was charged by this node's doing; the results are undefined.
@@ -113,6 +132,10 @@ func (o Outcome) String() string {
 		return "local_allowed"
 	case LocalDenied:
 		return "local_denied"
+	case Banned:
+		return "banned"
+	case DryRunDenied:
+		return "dry_run_denied"
 	case Canceled:
 		return "canceled"
 	}

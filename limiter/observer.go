@@ -18,7 +18,7 @@ type Observer interface {
 
 // NumOutcomes is how many Outcome values there are: arrays indexed by
 // Outcome have this length.
-const NumOutcomes = int(LocalDenied) + 1
+const NumOutcomes = int(DryRunDenied) + 1
 
 // observeStore reports a store call that began at start, when the limiter
 // has an observer.

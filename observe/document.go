@@ -33,6 +33,8 @@ type outcomeCounts[T uint64 | float64] struct {
 	FailedClosed T `json:"failed_closed"`
 	LocalAllowed T `json:"local_allowed"`
 	LocalDenied  T `json:"local_denied"`
+	Banned       T `json:"banned"`
+	DryRunDenied T `json:"dry_run_denied"`
 }
 
 func countsOf(c [limiter.NumOutcomes]uint64) outcomeCounts[uint64] {
@@ -40,6 +42,7 @@ func countsOf(c [limiter.NumOutcomes]uint64) outcomeCounts[uint64] {
 		Allowed: c[limiter.Allowed], Denied: c[limiter.Denied],
 		FailedOpen: c[limiter.FailedOpen], FailedClosed: c[limiter.FailedClosed],
 		LocalAllowed: c[limiter.LocalAllowed], LocalDenied: c[limiter.LocalDenied],
+		Banned: c[limiter.Banned], DryRunDenied: c[limiter.DryRunDenied],
 	}
 }
 
@@ -49,6 +52,7 @@ func ratesOf(c [limiter.NumOutcomes]uint64, seconds int) outcomeCounts[float64] 
 		Allowed: float64(c[limiter.Allowed]) / d, Denied: float64(c[limiter.Denied]) / d,
 		FailedOpen: float64(c[limiter.FailedOpen]) / d, FailedClosed: float64(c[limiter.FailedClosed]) / d,
 		LocalAllowed: float64(c[limiter.LocalAllowed]) / d, LocalDenied: float64(c[limiter.LocalDenied]) / d,
+		Banned: float64(c[limiter.Banned]) / d, DryRunDenied: float64(c[limiter.DryRunDenied]) / d,
 	}
 }
 
@@ -305,11 +309,11 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 }
 
 func passed(c [limiter.NumOutcomes]uint64) uint64 {
-	return c[limiter.Allowed] + c[limiter.LocalAllowed] + c[limiter.FailedOpen]
+	return c[limiter.Allowed] + c[limiter.LocalAllowed] + c[limiter.FailedOpen] + c[limiter.DryRunDenied]
 }
 
 func rejected(c [limiter.NumOutcomes]uint64) uint64 {
-	return c[limiter.Denied] + c[limiter.LocalDenied] + c[limiter.FailedClosed]
+	return c[limiter.Denied] + c[limiter.LocalDenied] + c[limiter.FailedClosed] + c[limiter.Banned]
 }
 
 type fleetRead struct {

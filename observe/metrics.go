@@ -44,6 +44,8 @@ var outcomeNames = [limiter.NumOutcomes]string{
 	limiter.FailedClosed: "failed_closed",
 	limiter.LocalAllowed: "local_allowed",
 	limiter.LocalDenied:  "local_denied",
+	limiter.Banned:       "banned",
+	limiter.DryRunDenied: "dry_run_denied",
 }
 
 // Store error reasons, as labelled.

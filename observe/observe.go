@@ -12,6 +12,7 @@
 package observe
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -219,8 +220,18 @@ func (h *Handler) Cleanup() error {
 //	FailedClosed   the zones whose policy is deny: failed_closed
 //	LocalAllowed   zones with the local policy: local_allowed; others failed_open
 //	LocalDenied    the local zones that denied: local_denied
+//
+// Whatever the request's outcome, a zone that denied because the key is
+// banned counts banned, and a dry-run zone that would have denied counts
+// dry_run_denied (it let the request through, and was not charged).
 func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Result) (limiter.Outcome, bool) {
 	local := rule.OnError() == limiter.PolicyLocal && rule.LocalBucket() != ""
+	switch {
+	case res.DryRun:
+		return limiter.DryRunDenied, true
+	case res.Banned:
+		return limiter.Banned, true
+	}
 	switch outcome {
 	case limiter.Allowed, limiter.FailedOpen:
 		return outcome, true
@@ -244,8 +255,9 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // sets the zones' placeholders, counts the metrics and stats, and emits the
 // rate_limit_exceeded event of each zone that denied. Call it on every
 // decided request, with every zone that applied, including those a cached
-// denial left unconsulted (their results are Unknown).
-func (h *Handler) Decided(repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
+// denial left unconsulted (their results are Unknown). r is the request
+// decided.
+func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
 	var sec int64
 	if h.store != nil {
 		sec = time.Now().Unix()
@@ -260,7 +272,7 @@ func (h *Handler) Decided(repl *caddy.Replacer, outcome limiter.Outcome, zones [
 		if !ok {
 			continue
 		}
-		denied := o == limiter.Denied || o == limiter.LocalDenied
+		denied := o == limiter.Denied || o == limiter.LocalDenied || o == limiter.Banned
 		if st := z.stats; st != nil {
 			st.count(o, sec)
 			if denied {
