@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -30,6 +31,11 @@ const (
 	// (at most MaxDelay, at most Burst tokens queued) and then proceed at a
 	// steady rate; beyond that they are denied.
 	LeakyBucket
+	// Concurrency: at most Rate requests of a key in flight at once, across
+	// the fleet. A request holds a slot from its admission until the
+	// limiter is told it ended (Limiter.Release); a slot whose node died
+	// is freed after the rule's lease.
+	Concurrency
 )
 
 // ParseAlgorithm parses an algorithm name ("" is token_bucket).
@@ -45,8 +51,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return SlidingLog, nil
 	case "leaky_bucket":
 		return LeakyBucket, nil
+	case "concurrency":
+		return Concurrency, nil
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, sliding_window, fixed_window, sliding_log or leaky_bucket)", s)
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, sliding_window, fixed_window, sliding_log, leaky_bucket or concurrency)", s)
 }
 
 // String names the algorithm as the configuration does.
@@ -60,6 +68,8 @@ func (a Algorithm) String() string {
 		return "sliding_log"
 	case LeakyBucket:
 		return "leaky_bucket"
+	case Concurrency:
+		return "concurrency"
 	}
 	return "token_bucket"
 }
@@ -71,8 +81,11 @@ func (a Algorithm) String() string {
 // windowCounts), so they keep the zone's name, and with it the shortest
 // key.
 func bucketName(name string, alg Algorithm) string {
-	if alg == SlidingLog {
+	switch alg {
+	case SlidingLog:
 		return name + "~log"
+	case Concurrency:
+		return name + "~slots"
 	}
 	return name
 }
@@ -102,7 +115,13 @@ var (
 	ErrWindowLimit  = fmt.Errorf("a window algorithm's rate must be at most %d per window", MaxWindowLimit)
 	ErrWindowLength = errors.New("a window must be a whole number of milliseconds, at least 1ms and under 24 days")
 	ErrMaxDelay     = errors.New("max_delay must not be negative")
+	ErrBadLimit     = errors.New("a concurrency limit must be a positive integer")
+	ErrBadLease     = errors.New("a lease must be a whole number of milliseconds, at least 1ms and under 24 days")
 )
+
+// DefaultLease is how long a concurrency slot outlives a node that died
+// holding it, unless the rule says otherwise.
+const DefaultLease = time.Minute
 
 // compileRule compiles the limit of a rule for any algorithm (NewRule adds
 // the failure policy): rate per period, the burst (token and leaky bucket;
@@ -110,6 +129,9 @@ var (
 // longest a request may wait (0 means as long as the queue allows).
 func compileRule(cfg RuleConfig) (*Rule, error) {
 	name, alg, rate, per := cfg.Name, cfg.Algorithm, cfg.Rate, cfg.Per
+	if alg == Concurrency {
+		return concurrencyRule(cfg)
+	}
 	if alg.windowed() {
 		if rate <= 0 {
 			return nil, ErrBadRate
@@ -158,21 +180,56 @@ type verdict struct {
 	// sliding log: tokens in the window, and (computed from the log) when
 	// a retry can pass and when the log is empty.
 	used, retry, reset int64
+
+	// slots is what a concurrency zone holds before the request.
+	slots int64
+
+	// res is the reserve the request must leave (see Rule.reserveUnits).
+	res int64
+
+	// banned: the key is banned for banLeft more microseconds, after
+	// banDenials denials. banStarted: this denial started the ban.
+	banned, banStarted  bool
+	banLeft, banDenials int64
 }
 
-// check evaluates a request of cost tokens against a bucket in state s at
-// microsecond now. It changes nothing. (The sliding log keeps a log, not a
-// State: see logCheck.)
-func (r *Rule) check(s State, now, cost int64) verdict {
+// check evaluates a request of cost tokens that must leave res in reserve
+// (see reserveUnits) against a bucket in state s at microsecond now. It
+// changes nothing. (The sliding log keeps a log, not a State: see
+// logCheck.)
+func (r *Rule) check(s State, now, cost, res int64) verdict {
+	var v verdict
 	switch r.alg {
 	case FixedWindow:
-		return r.fixedCheck(s, now, cost)
+		v = r.fixedCheck(s, now, cost, res)
 	case SlidingWindow:
-		return r.slidingCheck(s, now, cost)
+		v = r.slidingCheck(s, now, cost, res)
 	case LeakyBucket:
-		return r.leakyCheck(s, now, cost)
+		v = r.leakyCheck(s, now, cost, res)
+	case Concurrency:
+		v = r.slotsCheck(s, cost)
+	default:
+		v = r.tbCheck(s, now, cost, res)
 	}
-	return r.tbCheck(s, now, cost)
+	v.res = res
+	return v
+}
+
+// reserveUnits converts a request's reserve, a share of the zone's
+// capacity in percent (0 to 99), into the units its algorithm counts in,
+// rounded up: ticks of the burst for the token and leaky buckets, requests
+// of the limit for the windows. Concurrency zones take no reserve.
+func (r *Rule) reserveUnits(pct int64) int64 {
+	switch {
+	case pct <= 0 || r.alg == Concurrency:
+		return 0
+	case pct > 99:
+		pct = 99
+	}
+	if r.alg.windowed() {
+		return ceilDiv(r.rate*pct, 100)
+	}
+	return ceilDiv(r.capacity*pct, 100) // capacity < 2^50: no overflow
 }
 
 // commit returns the state after charging a request that v admitted at
@@ -184,6 +241,8 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 		return r.windowState(now, 0, v.curr+cost), now + r.windowUS - v.elapsed
 	case SlidingWindow:
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
+	case Concurrency:
+		return State(v.slots + cost), math.MaxInt64 // held until released
 	}
 	st := r.stateAt(now, v.after)
 	return st, st.fullAt()
@@ -192,6 +251,21 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 // result turns a verdict into the zone's Result. charged says whether the
 // request was admitted by every zone and so charged to this one.
 func (r *Rule) result(v verdict, charged bool, cost int64) Result {
+	switch {
+	case v.banned:
+		return Result{Banned: true, RetryAfter: us(v.banLeft), DryRun: r.dryRun, Allowed: r.dryRun}
+	case !v.ok && r.dryRun:
+		res := r.algResult(v, false, cost)
+		res.Allowed, res.DryRun, res.BanStarted = true, true, v.banStarted
+		return res
+	case v.banStarted:
+		return Result{Banned: true, BanStarted: true, RetryAfter: r.ban.Duration}
+	}
+	return r.algResult(v, charged, cost)
+}
+
+// algResult is result by the zone's algorithm alone.
+func (r *Rule) algResult(v verdict, charged bool, cost int64) Result {
 	switch r.alg {
 	case FixedWindow:
 		return r.fixedResult(v, charged, cost)
@@ -201,15 +275,19 @@ func (r *Rule) result(v verdict, charged bool, cost int64) Result {
 		return r.logResult(v, charged, cost)
 	case LeakyBucket:
 		return r.leakyResult(v, charged)
+	case Concurrency:
+		return r.slotsResult(v, charged, cost)
 	}
 	return r.tbResult(v, charged)
 }
 
 // cacheable reports whether the deny cache can hold this zone's buckets:
 // those whose state is a time relative to now (token and leaky bucket).
-// Window states are tied to the store's clock, which a node cannot read.
+// Window states are tied to the store's clock, which a node cannot read;
+// slots can be freed at any moment; a dry run denies nothing; a zone whose
+// charges are refunded can become fuller than the cache knows.
 func (r *Rule) cacheable() bool {
-	return r.alg == TokenBucket || r.alg == LeakyBucket
+	return (r.alg == TokenBucket || r.alg == LeakyBucket) && !r.dryRun && !r.refunds
 }
 
 // windowState packs a window algorithm's state: the index of the current
@@ -245,15 +323,23 @@ func (r *Rule) windowCounts(s State, now int64) (prev, curr, elapsed int64) {
 	return 0, 0, elapsed
 }
 
-// scriptArgs returns the rule's algorithm and four parameters as the
-// Redis scripts take them, boxed once (a request adds its cost).
+// scriptArgs returns the rule's algorithm, four parameters, flags and ban
+// as the Redis scripts take them (see decide.lua), boxed once (a request
+// adds its cost and aux).
 func (r *Rule) scriptArgs() []any {
 	r.argsOnce.Do(func() {
 		p := r.scriptParams()
-		r.args = []any{int64(r.alg), p[0], p[1], p[2], p[3]}
+		var flags int64
+		if r.dryRun {
+			flags |= 1
+		}
+		r.args = []any{int64(r.alg), p[0], p[1], p[2], p[3], flags, r.banUS, r.banAfter, r.banWindowUS}
 	})
 	return r.args
 }
+
+// ruleArgs is how many arguments a rule takes in the Redis scripts.
+const ruleArgs = 9
 
 // scriptParams returns the rule's four parameters for the Redis scripts.
 func (r *Rule) scriptParams() [4]int64 {
@@ -262,15 +348,24 @@ func (r *Rule) scriptParams() [4]int64 {
 		return [4]int64{r.windowUS, r.rate, 0, 0}
 	case LeakyBucket:
 		return [4]int64{r.denom, r.interval, r.burst, r.maxDelayUS}
+	case Concurrency:
+		return [4]int64{r.rate, r.leaseUS, 0, 0}
 	}
 	return [4]int64{r.denom, r.interval, r.burst, 0}
 }
 
 // fromReply rebuilds a verdict from the four numbers the script reports
-// for a zone: a flag (1 admits, 0 denies, 2 never can) and three that
-// depend on the algorithm.
-func (r *Rule) fromReply(vals [4]int64) verdict {
-	v := verdict{ok: vals[0] == 1, never: vals[0] == 2}
+// for a zone: a flag (1 admits, 0 denies, 2 never can, 3 banned, plus 4
+// when the denial started a ban) and three that depend on the algorithm
+// (banned: the ban's microseconds left and its denials). res is the
+// reserve the request had to leave.
+func (r *Rule) fromReply(vals [4]int64, res int64) verdict {
+	flag := vals[0] & 3
+	v := verdict{ok: flag == 1, never: flag == 2, banStarted: vals[0]&4 != 0, res: res}
+	if flag == 3 {
+		v.banned, v.banLeft, v.banDenials = true, vals[1], vals[2]
+		return v
+	}
 	switch r.alg {
 	case FixedWindow:
 		v.curr, v.elapsed = vals[1], vals[2]
@@ -278,6 +373,8 @@ func (r *Rule) fromReply(vals [4]int64) verdict {
 		v.prev, v.curr, v.elapsed = vals[1], vals[2], vals[3]
 	case SlidingLog:
 		v.used, v.retry, v.reset = vals[1], vals[2], vals[3]
+	case Concurrency:
+		v.slots = vals[1]
 	default:
 		v.debt, v.after = vals[1], vals[2]
 	}

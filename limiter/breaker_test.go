@@ -100,3 +100,7 @@ type failingStore struct{}
 func (failingStore) Decide(context.Context, []Request, []Result) (bool, error) {
 	return false, errors.New("store down")
 }
+
+func (failingStore) Refund(context.Context, []Request, []Result) error {
+	return errors.New("redis: connection refused")
+}

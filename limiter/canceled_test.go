@@ -15,6 +15,8 @@ func (canceledStore) Decide(ctx context.Context, _ []Request, _ []Result) (bool,
 	return false, ctx.Err()
 }
 
+func (canceledStore) Refund(context.Context, []Request, []Result) error { return nil }
+
 // TestCanceledIsNotAFailure: a request whose client goes away, while the
 // store decides or while it waits for another request's answer on the deny
 // cache, is Canceled: neither a decision nor a store failure, and no zone's

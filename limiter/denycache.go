@@ -47,8 +47,9 @@ type DenyCache struct {
 type denyShard struct {
 	mu     sync.Mutex
 	m      map[bucketID]State
+	bans   map[bucketID]int64         // banned buckets: when the ban ends (cache microseconds)
 	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
-	_      [40]byte
+	_      [32]byte
 }
 
 // probe records the buckets whose store call a request has claimed.
@@ -77,6 +78,7 @@ func NewDenyCache(opt DenyCacheOptions) *DenyCache {
 	c := &DenyCache{hash: newHasher(), perShard: max(1, size/numShards), clock: clock, base: clock.Now()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[bucketID]State)
+		c.shards[i].bans = make(map[bucketID]int64)
 		c.shards[i].flight = make(map[bucketID]chan struct{})
 	}
 	return c
@@ -91,7 +93,7 @@ func (c *DenyCache) Len() int {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += len(sh.m) + len(sh.bans)
 		sh.mu.Unlock()
 	}
 	return n
@@ -113,6 +115,17 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 	now := c.now()
 	for i := range reqs {
 		r := reqs[i].Rule
+		if r.ban.enabled() && !r.dryRun {
+			if left := c.banLeft(r, reqs[i].Key, now); left > 0 {
+				c.release(p)
+				for j := range results {
+					results[j] = Result{Allowed: true, Unknown: true}
+				}
+				results[i] = Result{Banned: true, RetryAfter: us(left)}
+				c.hits.Add(1)
+				return true, nil
+			}
+		}
 		if !r.cacheable() {
 			continue
 		}
@@ -129,7 +142,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 			sh.mu.Unlock()
 			continue
 		}
-		v := r.check(st, now, reqs[i].Cost)
+		v := r.check(st, now, reqs[i].Cost, r.reserveUnits(reqs[i].Reserve))
 		if !v.ok {
 			sh.mu.Unlock()
 			c.release(p)
@@ -180,6 +193,10 @@ func (c *DenyCache) release(p *probe) {
 func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted bool) {
 	for i := range reqs {
 		res := &results[i]
+		if res.Banned && !res.DryRun {
+			c.learnBan(reqs[i].Rule, reqs[i].Key, sent+int64(res.RetryAfter/time.Microsecond))
+			continue
+		}
 		if res.Unknown || !reqs[i].Rule.cacheable() {
 			continue
 		}
@@ -202,6 +219,55 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// banLeft returns how many microseconds the cached ban of the key in rule's
+// zone has left at now (0: none).
+func (c *DenyCache) banLeft(r *Rule, key string, now int64) int64 {
+	id := c.hash.id(r.bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	end, ok := sh.bans[id]
+	if !ok {
+		return 0
+	}
+	if end <= now {
+		delete(sh.bans, id)
+		return 0
+	}
+	return end - now
+}
+
+// learnBan records that the key is banned in rule's zone until end (cache
+// microseconds). The store reported the time the ban had left when it
+// decided, which is no earlier than when the request was sent: counted
+// from the sending, the cached ban ends no later than the real one.
+func (c *DenyCache) learnBan(r *Rule, key string, end int64) {
+	id := c.hash.id(r.bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	for id := range sh.bans { // make room: any ban (the store still has it)
+		if len(sh.bans) < c.perShard {
+			break
+		}
+		delete(sh.bans, id)
+	}
+	sh.bans[id] = end
+	sh.mu.Unlock()
+	c.learned.Add(1)
+}
+
+// Forget drops what the cache holds about the key in the zone whose
+// buckets are named bucket (Rule.Bucket()): its ban and its cached
+// denial, for a ban lifted by an operator.
+func (c *DenyCache) Forget(bucket, key string) {
+	id := c.hash.id(bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	delete(sh.bans, id)
+	delete(sh.m, id)
+	sh.mu.Unlock()
 }
 
 // evict makes room in a shard holding limit buckets: full buckets go

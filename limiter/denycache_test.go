@@ -66,7 +66,7 @@ func TestDenyCacheIsExact(t *testing.T) {
 				continue
 			}
 			ra, rb := resA[z], resB[z]
-			ra.owed, rb.owed = 0, 0
+			ra.owed, rb.owed, ra.at, rb.at = 0, 0, 0, 0
 			if ra != rb && !ra.Allowed {
 				t.Fatalf("decision %d zone %d: without cache %+v, with cache %+v", i, z, ra, rb)
 			}

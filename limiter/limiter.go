@@ -29,8 +29,19 @@ type Request struct {
 	// Key identifies the client within the zone. It must be bounded and
 	// safe (see ClientKey).
 	Key string
-	// Cost is how many tokens the request takes; 0 only looks.
+	// Cost is how many tokens the request takes; 0 only looks. (A
+	// concurrency zone: how many slots; 1 as a rule.)
 	Cost int64
+	// Reserve is the share of the zone's capacity, in percent (0 to 99),
+	// that the request must leave after its charge: with 30, it is
+	// admitted only if 30% of the burst (the windows: of the limit)
+	// remains. Requests with a lower reserve can take more of the bucket,
+	// so that critical traffic keeps it when the rest is shed. Concurrency
+	// zones take none.
+	Reserve int64
+	// Slot is, for a concurrency zone, the id of the slot the request
+	// holds: unique in the fleet. Limiter.Decide sets it when empty.
+	Slot string
 }
 
 // Result is one zone's answer.
@@ -72,6 +83,9 @@ type Result struct {
 	// owed is the bucket's debt in ticks right after the decision (after
 	// the charge if the request was admitted): what the deny cache learns.
 	owed int64
+	// at is the store's time of the decision, in microseconds: what a
+	// refund of a window's charge needs to find the window.
+	at int64
 }
 
 // Store keeps bucket state and decides against it.
@@ -81,6 +95,11 @@ type Store interface {
 	// zone admits, or none otherwise. It reports whether the request
 	// was admitted. On error the results are undefined.
 	Decide(ctx context.Context, reqs []Request, results []Result) (bool, error)
+	// Refund gives back what Decide charged the zones of reqs (results
+	// are what Decide returned for them): a charge that a zone does not
+	// count after all, or a concurrency zone's slot when its request
+	// ends.
+	Refund(ctx context.Context, reqs []Request, results []Result) error
 }
 
 // Outcome is how a request was decided.
@@ -184,6 +203,11 @@ type Limiter struct {
 	// lastLocal is when the last decision fell back to local buckets
 	// (unix nanoseconds), to log when a fallback starts.
 	lastLocal atomic.Int64
+	// slots names this node's concurrency slots (see slotID).
+	slots slotNamer
+	// refunds and refundsLost count refunds asked for, and those that
+	// the store failed (dropped: the charge stays).
+	refunds, refundsLost atomic.Uint64
 }
 
 // New returns a limiter deciding through store.
@@ -204,6 +228,11 @@ func (l *Limiter) Store() Store { return l.store }
 // the store fails, each zone's policy applies (see Outcome); zones left
 // unconsulted are marked Unknown.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) Outcome {
+	for i := range reqs {
+		if reqs[i].Rule.alg == Concurrency && reqs[i].Slot == "" {
+			reqs[i].Slot = l.slots.next()
+		}
+	}
 	if l.cache == nil {
 		return l.decide(ctx, reqs, results)
 	}

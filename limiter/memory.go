@@ -17,6 +17,7 @@ type shard struct {
 	mu   sync.Mutex
 	m    map[bucketID]memEntry
 	logs map[bucketID]*logBucket // sliding logs, kept apart: they hold slices
+	bans map[bucketID]banEntry   // denial counts and bans (see membans.go)
 	peak int                     // largest len(m) since the map was last rebuilt
 	_    [32]byte
 }
@@ -88,6 +89,7 @@ func NewMemoryStore(opt MemoryOptions) *MemoryStore {
 	for i := range s.shards {
 		s.shards[i].m = make(map[bucketID]memEntry)
 		s.shards[i].logs = make(map[bucketID]*logBucket)
+		s.shards[i].bans = make(map[bucketID]banEntry)
 	}
 	go s.sweeper(sweep)
 	return s
@@ -114,54 +116,106 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 	now := s.now()
 	admit := true
 	for i := range reqs {
-		r, sh := reqs[i].Rule, &s.shards[ids[i].shard()]
-		var v verdict
-		if r.alg == SlidingLog {
-			if lb := sh.logs[ids[i]]; lb != nil {
-				v, lb.entries = r.logCheck(lb.entries, now, reqs[i].Cost)
-			} else {
-				v, _ = r.logCheck(nil, now, reqs[i].Cost)
-			}
-		} else {
-			e := sh.m[ids[i]]
-			if e.expires <= now {
-				e.state = 0
-			}
-			v = r.check(e.state, now, reqs[i].Cost)
-		}
+		v := s.check(&s.shards[ids[i].shard()], ids[i], &reqs[i], now)
 		verdicts = append(verdicts, v)
-		admit = admit && v.ok
+		admit = admit && (v.ok || reqs[i].Rule.dryRun)
 	}
 	for i := range reqs {
 		r, cost := reqs[i].Rule, reqs[i].Cost
-		if admit && cost > 0 {
-			sh := &s.shards[ids[i].shard()]
-			if r.alg == SlidingLog {
-				lb := sh.logs[ids[i]]
-				if lb == nil {
-					s.makeRoom(sh, limit, now)
-					lb = &logBucket{}
-					sh.logs[ids[i]] = lb
-				}
-				lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
-				lb.expires = now + r.windowUS
-			} else {
-				if limit > 0 {
-					if _, ok := sh.m[ids[i]]; !ok {
-						s.makeRoom(sh, limit, now)
-					}
-				}
-				st, exp := r.commit(verdicts[i], now, cost)
-				sh.m[ids[i]] = memEntry{state: st, expires: exp}
-				sh.peak = max(sh.peak, len(sh.m))
-			}
+		charged := admit && verdicts[i].ok
+		if charged && cost > 0 {
+			s.commit(&s.shards[ids[i].shard()], ids[i], r, verdicts[i], now, cost, limit)
 		}
-		results[i] = r.result(verdicts[i], admit, cost)
+		results[i] = r.result(verdicts[i], charged, cost)
+		results[i].at = now
 	}
 	for _, sh := range locks {
 		s.shards[sh].mu.Unlock()
 	}
 	return admit, nil
+}
+
+// check decides one zone of a request at microsecond now, in its locked
+// shard: its ban first, then its algorithm; a denial counts towards a ban.
+func (s *MemoryStore) check(sh *shard, id bucketID, q *Request, now int64) verdict {
+	r := q.Rule
+	if r.ban.enabled() {
+		if v, banned := sh.banned(id, now); banned {
+			return v
+		}
+	}
+	res := r.reserveUnits(q.Reserve)
+	var v verdict
+	if r.alg == SlidingLog {
+		if lb := sh.logs[id]; lb != nil {
+			v, lb.entries = r.logCheck(lb.entries, now, q.Cost, res)
+		} else {
+			v, _ = r.logCheck(nil, now, q.Cost, res)
+		}
+	} else {
+		e := sh.m[id]
+		if e.expires <= now {
+			e.state = 0
+		}
+		v = r.check(e.state, now, q.Cost, res)
+	}
+	if !v.ok && r.ban.enabled() {
+		v.banStarted = sh.denied(id, r, now)
+	}
+	return v
+}
+
+// commit charges an admitted request's zone in its locked shard.
+func (s *MemoryStore) commit(sh *shard, id bucketID, r *Rule, v verdict, now, cost int64, limit int) {
+	if r.alg == SlidingLog {
+		lb := sh.logs[id]
+		if lb == nil {
+			s.makeRoom(sh, limit, now)
+			lb = &logBucket{}
+			sh.logs[id] = lb
+		}
+		lb.entries = append(lb.entries, logEntry{t: now, cost: cost})
+		lb.expires = now + r.windowUS
+		return
+	}
+	if limit > 0 {
+		if _, ok := sh.m[id]; !ok {
+			s.makeRoom(sh, limit, now)
+		}
+	}
+	st, exp := r.commit(v, now, cost)
+	sh.m[id] = memEntry{state: st, expires: exp}
+	sh.peak = max(sh.peak, len(sh.m))
+}
+
+// Refund implements Store: it gives back what Decide charged the zones of
+// reqs, which results (Decide's) says were charged at which time. A
+// window gives back only what the window that counted the charge still
+// counts; a concurrency zone frees the request's slot.
+func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result) error {
+	for i := range reqs {
+		r, cost := reqs[i].Rule, reqs[i].Cost
+		if cost <= 0 {
+			continue
+		}
+		id := s.hash.id(r.bucket, reqs[i].Key)
+		sh := &s.shards[id.shard()]
+		sh.mu.Lock()
+		now := s.now()
+		if r.alg == SlidingLog {
+			if lb := sh.logs[id]; lb != nil {
+				lb.entries = logRefund(lb.entries, results[i].at, cost)
+			}
+		} else if e, ok := sh.m[id]; ok && e.expires > now {
+			if st, exp, keep := r.refund(e, now, cost, results[i].at); keep {
+				sh.m[id] = memEntry{state: st, expires: exp}
+			} else {
+				delete(sh.m, id)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
 }
 
 // makeRoom evicts buckets from a shard that holds limit buckets or more
@@ -293,6 +347,7 @@ func (s *MemoryStore) Sweep() {
 				delete(sh.logs, id)
 			}
 		}
+		sh.sweepBans(now)
 		if sh.peak > 1024 && len(sh.m) < sh.peak/4 {
 			m := make(map[bucketID]memEntry, len(sh.m))
 			for id, e := range sh.m {

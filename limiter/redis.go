@@ -425,7 +425,7 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 		return false, 0, err
 	}
 	c := callPool.Get().(*call)
-	s.fill(c, s.script, reqs, nil)
+	s.fill(c, s.script, reqs, nil, nil)
 	start := s.stall.mark()
 	if c.timer == nil {
 		c.timer = time.NewTimer(s.timeout)
@@ -485,6 +485,27 @@ wait:
 	}
 	ok, err := decodeReply(c.reply, reqs, results)
 	return ok, 0, err
+}
+
+// Refund implements Store: it gives back what Decide charged the zones of
+// reqs (results are Decide's), in one script call per Cluster slot, queued
+// like the decisions and bounded by the store's timeout.
+func (s *RedisStore) Refund(ctx context.Context, reqs []Request, results []Result) error {
+	ctx, cancel := s.timeoutContext(ctx)
+	defer cancel()
+	groups := [][]int{nil}
+	if s.cluster && len(reqs) > 1 {
+		groups = s.groupBySlot(reqs)
+	}
+	calls := make([]*call, len(groups))
+	for g, idx := range groups {
+		calls[g] = s.newCall(s.refund, reqs, idx, results)
+	}
+	var firstErr error
+	for _, err := range s.sendAll(ctx, calls) {
+		firstErr = orErr(firstErr, err)
+	}
+	return firstErr
 }
 
 // Close stops the workers and closes the connections.

@@ -29,6 +29,7 @@ type call struct {
 	keys   []string // per zone: its bucket, rule and cost
 	rules  []*Rule
 	costs  []int64
+	aux    []any // per zone: see zoneAux
 	reply  []any
 	err    error
 	done   chan struct{}
@@ -63,7 +64,8 @@ func (c *call) deliver() {
 func putCall(c *call) {
 	clear(c.keys)
 	clear(c.rules)
-	c.keys, c.rules, c.costs, c.reply, c.err, c.script = c.keys[:0], c.rules[:0], c.costs[:0], nil, nil, nil
+	clear(c.aux)
+	c.keys, c.rules, c.costs, c.aux, c.reply, c.err, c.script = c.keys[:0], c.rules[:0], c.costs[:0], c.aux[:0], nil, nil, nil
 	c.state.Store(0)
 	c.trip.Store(0)
 	callPool.Put(c)

@@ -19,7 +19,7 @@ import (
 func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results []Result) (bool, error) {
 	groups := s.groupBySlot(reqs)
 	if len(groups) == 1 {
-		c := s.newCall(s.script, reqs, nil)
+		c := s.newCall(s.script, reqs, nil, nil)
 		if err := s.send(ctx, c); err != nil {
 			return false, err
 		}
@@ -27,7 +27,7 @@ func (s *RedisStore) decideBySlot(ctx context.Context, reqs []Request, results [
 	}
 	calls := make([]*call, len(groups))
 	for g, idx := range groups {
-		calls[g] = s.newCall(s.script, reqs, idx)
+		calls[g] = s.newCall(s.script, reqs, idx, nil)
 	}
 	errs := s.sendAll(ctx, calls)
 	admitted := make([]bool, len(groups))
@@ -97,7 +97,6 @@ func (s *RedisStore) refundSlots(ctx context.Context, reqs []Request, results []
 		if !admitted[g] {
 			continue
 		}
-		refunds = append(refunds, s.newCall(s.refund, reqs, idx))
 		sub := subset(reqs, idx)
 		subRes := make([]Result, len(idx))
 		if _, err := decodeReplyAs(calls[g].reply, sub, subRes, false); err == nil {
@@ -105,6 +104,7 @@ func (s *RedisStore) refundSlots(ctx context.Context, reqs []Request, results []
 				results[i] = subRes[j]
 			}
 		}
+		refunds = append(refunds, s.newCall(s.refund, reqs, idx, results))
 	}
 	var firstErr error
 	for _, err := range s.sendAll(ctx, refunds) {
@@ -131,11 +131,11 @@ func subset(reqs []Request, idx []int) []Request {
 }
 
 // newCall prepares a call of script (decide or refund) for the zones idx of
-// reqs (all zones when idx is nil): per zone the algorithm, its four
-// parameters and the cost.
-func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int) *call {
+// reqs (all zones when idx is nil); done is nil for a decision, Decide's
+// results for a refund (see fill).
+func (s *RedisStore) newCall(script *redis.Script, reqs []Request, idx []int, done []Result) *call {
 	c := &call{done: make(chan struct{}, 1)}
-	s.fill(c, script, reqs, idx)
+	s.fill(c, script, reqs, idx, done)
 	return c
 }
 

@@ -12,31 +12,48 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// fill sets a call's script, and per zone its key, rule and cost.
-func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int) {
+// fill sets a call's script, and per zone its key, rule, cost and aux.
+// done is nil for a decision; for a refund it holds the results of the
+// decision refunded (their times).
+func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []int, done []Result) {
 	c.script = script
-	c.keys, c.rules, c.costs = c.keys[:0], c.rules[:0], c.costs[:0]
-	add := func(q *Request) {
+	c.keys, c.rules, c.costs, c.aux = c.keys[:0], c.rules[:0], c.costs[:0], c.aux[:0]
+	add := func(i int) {
+		q := &reqs[i]
 		c.keys = append(c.keys, s.Key(q.Rule.bucket, q.Key))
 		c.rules = append(c.rules, q.Rule)
 		c.costs = append(c.costs, q.Cost)
+		c.aux = append(c.aux, zoneAux(q, done, i))
 	}
 	if idx == nil {
 		for i := range reqs {
-			add(&reqs[i])
+			add(i)
 		}
 	} else {
 		for _, i := range idx {
-			add(&reqs[i])
+			add(i)
 		}
 	}
 }
 
+// zoneAux returns the aux argument of zone i of a script call: the slot's
+// id for a concurrency zone; for a decision the reserve the request must
+// leave (in the algorithm's units), for a refund the time of the charge.
+func zoneAux(q *Request, done []Result, i int) any {
+	switch {
+	case q.Rule.alg == Concurrency:
+		return q.Slot
+	case done != nil:
+		return done[i].at
+	}
+	return q.Rule.reserveUnits(q.Reserve)
+}
+
 // scriptArgs returns a script call's command: EVALSHA, the distinct
 // buckets of all its calls, the clock ("0": Redis TIME), the rules they use
-// (each once, five arguments each), then per call its number of zones and
-// per zone its rule's index, its bucket's index (both from 1) and its cost.
-// See decide.lua.
+// (each once, ruleArgs arguments each), then per call its number of zones
+// and per zone its rule's index, its bucket's index (both from 1), its cost
+// and its aux. See decide.lua.
 func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	if p.buckets == nil {
 		p.buckets = make(map[string]int)
@@ -59,7 +76,7 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 			zones = append(zones, ri+1, ki)
 		}
 	}
-	args := make([]any, 0, 5+len(keys)+5*len(rules)+len(g.calls)+3*len(zones)/2)
+	args := make([]any, 0, 5+len(keys)+ruleArgs*len(rules)+len(g.calls)+2*len(zones))
 	args = append(args, "evalsha", g.script.Hash(), len(keys))
 	for _, k := range keys {
 		args = append(args, k)
@@ -71,8 +88,8 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	next := zones
 	for _, c := range g.calls {
 		args = append(args, len(c.keys))
-		for _, cost := range c.costs {
-			args = append(args, next[0], next[1], cost)
+		for z, cost := range c.costs {
+			args = append(args, next[0], next[1], cost, c.aux[z])
 			next = next[2:]
 		}
 	}
@@ -83,9 +100,9 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 }
 
 // replyLen is how many values of the decide script's flat reply belong to
-// a request of zones zones: admitted (or the request's error), then four
-// per zone.
-func replyLen(zones int) int { return 1 + 4*zones }
+// a request of zones zones: admitted (or the request's error), the time,
+// then four per zone.
+func replyLen(zones int) int { return 2 + 4*zones }
 
 // decodeReply turns the script's reply into results, through the same
 // Rule.result as the memory store.
@@ -103,17 +120,20 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 	if n, ok := reply[0].(int64); ok {
 		admit = n == 1
 	}
+	at, _ := reply[1].(int64)
 	var vals [4]int64
 	for i := range reqs {
 		for j := range 4 {
-			n, ok := reply[1+4*i+j].(int64)
+			n, ok := reply[2+4*i+j].(int64)
 			if !ok {
-				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+4*i+j])
+				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[2+4*i+j])
 			}
 			vals[j] = n
 		}
-		r := reqs[i].Rule
-		results[i] = r.result(r.fromReply(vals), admit && charged, reqs[i].Cost)
+		q := &reqs[i]
+		v := q.Rule.fromReply(vals, q.Rule.reserveUnits(q.Reserve))
+		results[i] = q.Rule.result(v, admit && charged && v.ok, q.Cost)
+		results[i].at = at
 	}
 	return admit, nil
 }

@@ -64,6 +64,18 @@ type Rule struct {
 	// maxDelayUS is how long a leaky bucket lets a request wait, in
 	// microseconds.
 	maxDelayUS int64
+	// leaseUS is how long a concurrency slot outlives a node that died
+	// holding it, in microseconds.
+	leaseUS int64
+
+	// dryRun: the zone decides and counts but never denies.
+	dryRun bool
+	// refunds: the zone's charges may be given back (RuleConfig.Refunds).
+	refunds bool
+	// ban bans a key that the zone denied ban.After times in ban.Window,
+	// for ban.Duration (zero: no bans); the same in microseconds.
+	ban                          Ban
+	banUS, banAfter, banWindowUS int64
 
 	// onError is what the zone does when the store fails.
 	onError Policy
@@ -107,6 +119,22 @@ type RuleConfig struct {
 	// OnError is what the zone does when the store fails. Default
 	// PolicyLocal, the zero value (DefaultPolicy, as ParsePolicy("")).
 	OnError Policy
+	// Lease is, for a concurrency zone, how long a slot outlives a node
+	// that died holding it (the others release their slots when their
+	// requests end). Concurrency only. Default 0: one minute.
+	Lease time.Duration
+	// DryRun makes the zone decide and count as if it were enforced (a
+	// request it would deny is not charged), but deny nothing: its
+	// results carry DryRun where it would have denied.
+	DryRun bool
+	// Ban bans, for Ban.Duration, a key that the zone denied Ban.After
+	// times within Ban.Window. Default: no bans.
+	Ban Ban
+	// Refunds says that the zone's charges may be given back
+	// (Limiter.Refund; count_status). A deny cache then holds none of its
+	// buckets: another node's refund can make a bucket fuller than the
+	// cache could know.
+	Refunds bool
 	// FleetSize is, under PolicyLocal, how many nodes share the limit:
 	// each node's fallback bucket gets the rate divided by it (for the
 	// buckets exactly: the same tokens over a period FleetSize times
@@ -128,7 +156,28 @@ var (
 	// ErrMaxDelayNotApplicable: an algorithm other than the leaky
 	// bucket was given a max delay.
 	ErrMaxDelayNotApplicable = errors.New("max_delay applies to leaky_bucket only")
+	// ErrLeaseNotApplicable: an algorithm other than concurrency was
+	// given a lease.
+	ErrLeaseNotApplicable = errors.New("lease applies to the concurrency algorithm only")
+	// ErrBadBan: a ban whose duration, count or window is not positive.
+	ErrBadBan = errors.New("ban needs a positive duration, a positive number of denials and a positive window, in whole milliseconds")
 )
+
+// Ban is a zone's ban of repeat offenders: a key that the zone denied After
+// times within Window is banned for Duration, across the fleet. While
+// banned, the zone denies every request of the key without charging any
+// bucket.
+type Ban struct {
+	// Duration is how long a ban lasts.
+	Duration time.Duration
+	// After is how many denials within Window start a ban.
+	After int64
+	// Window is the time in which After denials start a ban.
+	Window time.Duration
+}
+
+// enabled reports whether the ban is configured.
+func (b Ban) enabled() bool { return b.Duration > 0 }
 
 // NewRule validates and compiles a zone's rule: its limit (see
 // compileRule) and its failure policy, with the fallback rule of
@@ -140,11 +189,19 @@ func NewRule(cfg RuleConfig) (*Rule, error) {
 		return nil, ErrBurstNotApplicable
 	case cfg.MaxDelay != 0 && cfg.Algorithm != LeakyBucket:
 		return nil, ErrMaxDelayNotApplicable
+	case cfg.Lease != 0 && cfg.Algorithm != Concurrency:
+		return nil, ErrLeaseNotApplicable
+	case cfg.Burst != 0 && cfg.Algorithm == Concurrency:
+		return nil, ErrBurstNotApplicable
 	}
 	r, err := compileRule(cfg)
 	if err != nil {
 		return nil, err
 	}
+	if err := r.setBan(cfg.Ban); err != nil {
+		return nil, err
+	}
+	r.dryRun, r.refunds = cfg.DryRun, cfg.Refunds
 	if err := r.setFailurePolicy(cfg.OnError, cfg.FleetSize); err != nil {
 		return nil, err
 	}
@@ -223,6 +280,31 @@ func (r *Rule) LocalBucket() string {
 		return ""
 	}
 	return r.local.bucket
+}
+
+// DryRun reports whether the zone is a dry run: it decides and counts but
+// denies nothing.
+func (r *Rule) DryRun() bool { return r.dryRun }
+
+// Ban returns the zone's ban of repeat offenders (zero: none).
+func (r *Rule) Ban() Ban { return r.ban }
+
+// Lease returns how long a concurrency zone's slot outlives a node that
+// died holding it (0 for the other algorithms).
+func (r *Rule) Lease() time.Duration { return us(r.leaseUS) }
+
+// setBan sets the rule's ban, while NewRule builds it.
+func (r *Rule) setBan(b Ban) error {
+	if b == (Ban{}) {
+		return nil
+	}
+	ms := time.Millisecond
+	if b.Duration < ms || b.After < 1 || b.Window < ms || b.Duration%ms != 0 || b.Window%ms != 0 {
+		return ErrBadBan
+	}
+	r.ban = b
+	r.banUS, r.banAfter, r.banWindowUS = int64(b.Duration/time.Microsecond), b.After, int64(b.Window/time.Microsecond)
+	return nil
 }
 
 // Window returns the refill period in whole seconds, rounded up (at least 1):

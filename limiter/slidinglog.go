@@ -7,13 +7,13 @@ type logEntry struct{ t, cost int64 }
 // logCheck evaluates a request against a sliding log: exactly at most Rate
 // tokens in any window of windowUS. It returns the verdict and the log
 // without the entries that left the window (at or before now - windowUS).
-func (r *Rule) logCheck(log []logEntry, now, cost int64) (verdict, []logEntry) {
+func (r *Rule) logCheck(log []logEntry, now, cost, res int64) (verdict, []logEntry) {
 	cut := 0
 	for cut < len(log) && log[cut].t <= now-r.windowUS {
 		cut++
 	}
 	log = log[cut:]
-	var v verdict
+	v := verdict{res: res}
 	for _, e := range log {
 		v.used += e.cost
 	}
@@ -21,13 +21,13 @@ func (r *Rule) logCheck(log []logEntry, now, cost int64) (verdict, []logEntry) {
 		v.reset = log[len(log)-1].t + r.windowUS - now
 	}
 	switch {
-	case cost > r.rate:
+	case cost+res > r.rate:
 		v.never = true
-	case v.used+cost <= r.rate:
+	case v.used+cost+res <= r.rate:
 		v.ok = true
 	default:
 		// The request fits once the oldest entries have left the window.
-		need, freed := v.used+cost-r.rate, int64(0)
+		need, freed := v.used+cost+res-r.rate, int64(0)
 		for _, e := range log {
 			freed += e.cost
 			if freed >= need {

@@ -24,15 +24,16 @@ func (s State) fullAt() int64 {
 	return us
 }
 
-// tbCheck evaluates a request of cost tokens against a token bucket in
-// state s at microsecond now. It changes nothing.
-func (r *Rule) tbCheck(s State, now, cost int64) verdict {
+// tbCheck evaluates a request of cost tokens that must leave res ticks in
+// the bucket against a token bucket in state s at microsecond now. It
+// changes nothing.
+func (r *Rule) tbCheck(s State, now, cost, res int64) verdict {
 	d := r.debt(s, now)
-	if cost > r.burst {
+	if cost > r.burst || cost*r.interval+res > r.capacity {
 		return verdict{debt: d, after: d, never: true}
 	}
 	after := d + cost*r.interval
-	return verdict{debt: d, after: after, ok: after <= r.capacity}
+	return verdict{debt: d, after: after, ok: after+res <= r.capacity}
 }
 
 // debt returns how many ticks the bucket in state s owes at microsecond now,
@@ -87,7 +88,7 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 	default:
 		return Result{
 			Remaining:  (r.capacity - v.debt) / r.interval,
-			RetryAfter: r.micros(v.after - r.capacity),
+			RetryAfter: r.micros(v.after + v.res - r.capacity),
 			ResetAfter: r.micros(v.debt),
 			owed:       v.debt,
 		}

@@ -58,7 +58,7 @@ func newMemory(t testing.TB, c *testClock) *MemoryStore {
 // public returns a result without its unexported bookkeeping, to compare
 // with results built by hand.
 func public(r Result) Result {
-	r.owed = 0
+	r.owed, r.at = 0, 0
 	return r
 }
 
@@ -395,7 +395,7 @@ func TestStateUnderAnotherRule(t *testing.T) {
 		if d < 0 || d > r.capacity {
 			t.Fatalf("%s: debt(%d, %d) = %d, outside [0, %d]", r, s, now, d, r.capacity)
 		}
-		v := r.check(s, now, cost)
+		v := r.check(s, now, cost, 0)
 		for _, charged := range []bool{false, v.ok} {
 			res := r.result(v, charged, cost)
 			if res.Remaining < 0 || res.Remaining > r.burst || res.ResetAfter < 0 ||

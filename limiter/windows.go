@@ -4,16 +4,16 @@ import "time"
 
 // fixedCheck evaluates a request against a fixed window counter: at most
 // Rate per window, the windows aligned to the clock.
-func (r *Rule) fixedCheck(s State, now, cost int64) verdict {
+func (r *Rule) fixedCheck(s State, now, cost, res int64) verdict {
 	// A state from the previous window reports its count as prev: a fixed
 	// window forgets it.
 	_, curr, elapsed := r.windowCounts(s, now)
 	v := verdict{curr: curr, elapsed: elapsed}
 	switch {
-	case cost > r.rate:
+	case cost+res > r.rate:
 		v.never = true
 	default:
-		v.ok = curr+cost <= r.rate
+		v.ok = curr+cost+res <= r.rate
 	}
 	return v
 }
@@ -42,16 +42,16 @@ func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
 // window still covers, plus the current window's count. The share is
 // counted in whole milliseconds, rounded in the strict direction, so that
 // the products stay exact in a double.
-func (r *Rule) slidingCheck(s State, now, cost int64) verdict {
+func (r *Rule) slidingCheck(s State, now, cost, res int64) verdict {
 	prev, curr, elapsed := r.windowCounts(s, now)
 	v := verdict{prev: prev, curr: curr, elapsed: elapsed}
-	if cost > r.rate {
+	if cost+res > r.rate {
 		v.never = true
 		return v
 	}
 	wms := r.windowUS / 1000
 	ems := elapsed / 1000
-	v.ok = prev*(wms-ems)+(curr+cost)*wms <= r.rate*wms
+	v.ok = prev*(wms-ems)+(curr+cost+res)*wms <= r.rate*wms
 	return v
 }
 
@@ -80,7 +80,7 @@ func (r *Rule) slidingResult(v verdict, charged bool, cost int64) Result {
 	case v.never:
 		res.RetryAfter = Never
 	default:
-		res.RetryAfter = us(r.slidingRetry(v, cost))
+		res.RetryAfter = us(r.slidingRetry(v, cost+v.res))
 	}
 	return res
 }

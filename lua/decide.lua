@@ -6,67 +6,111 @@
 -- are decided one after the other, as separate calls in a pipeline would
 -- be, and the whole batch is atomic. Within a request every zone is
 -- checked first; only if all admit is each one charged, so a denied
--- request costs no zone anything.
+-- request costs no zone anything. A dry-run zone is checked and charged
+-- like the others when it admits, but what it would deny does not deny
+-- the request (and is not charged).
 --
 -- ARGV[1]          "0": the clock is Redis TIME; otherwise a fixed time in
 --                  microseconds, for tests only
--- ARGV[2]          the number of rules, then five arguments per rule: its
+-- ARGV[2]          the number of rules, then nine arguments per rule: its
 --                  algorithm (0 token bucket, 1 sliding window, 2 fixed
---                  window, 3 sliding log, 4 leaky bucket) and four
---                  parameters p1..p4
+--                  window, 3 sliding log, 4 leaky bucket, 5 concurrency),
+--                  four parameters p1..p4, its flags (1: dry run), and its
+--                  ban: duration (us, 0 for none), denials, window (us)
 -- then per request its number of zones n, then per zone the index of its
---                  rule, the index of its bucket in KEYS (both from 1) and
---                  its cost
--- KEYS             the buckets of the batch, each once
+--                  rule, the index of its bucket in KEYS (both from 1), its
+--                  cost and aux: the reserve the request must leave (the
+--                  rate algorithms, in the algorithm's units) or the
+--                  slot's id (concurrency)
+-- KEYS             the buckets of the batch, each once. A zone with a ban
+--                  also uses <bucket>!ban and <bucket>!den, in the bucket's
+--                  Cluster slot (the hash tag is the bucket's).
 --
--- Returns, request after request, {admitted (1|0), then four numbers per
--- zone: flag (1 admits, 0 denies, 2 never can) and three the zone's
--- algorithm reports (r1..r3)}, all in one flat array. A request whose
--- commands fail (a key of the wrong type, say) gets its error in place of
--- admitted, then zeros; the requests around it are decided as usual.
+-- Returns, request after request, {admitted (1|0), the time (us), then four
+-- numbers per zone: flag and three the zone's algorithm reports (r1..r3)},
+-- all in one flat array. The flag is 1 admits, 0 denies, 2 never can, 3
+-- banned (r1 the microseconds the ban has left, r2 its denials), plus 4
+-- when this denial started a ban. A request whose commands fail (a key of
+-- the wrong type, say) gets its error in place of admitted, then zeros;
+-- the requests around it are decided as usual.
 
 local nrules = tonumber(ARGV[2])
 local rules = {}
 for i = 1, nrules do
-  local b = 3 + (i - 1) * 5
-  rules[i] = {tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])}
+  local b = 3 + (i - 1) * 9
+  local r = {}
+  for j = 1, 9 do r[j] = tonumber(ARGV[b + j - 1]) end
+  rules[i] = r
 end
 
 local reply = {}
-local zrule, zbucket, zcost = {}, {}, {} -- the current request's zones
+local zrule, zbucket, zcost, zaux = {}, {}, {}, {} -- the current request's zones
+
+-- banned returns the microseconds the ban of the bucket at key has left,
+-- and the denials that started it, or nil.
+local function banned(key)
+  local b = call('GET', key .. '!ban')
+  if not b then return nil end
+  local e, n = match(b, '^(%d+):%d+:(%d+)$')
+  e = tonumber(e)
+  if not e or e <= now then return nil end
+  return e - now, tonumber(n)
+end
+
+-- denied counts a denial of the bucket at key under rule, and starts its
+-- ban (only reports it, in a dry run) when it is the rule's n-th within
+-- its window. It returns 4 when a ban started, else 0.
+local function denied(key, rule)
+  local dk = key .. '!den'
+  local n = call('INCR', dk)
+  if n == 1 then call('PEXPIRE', dk, ceil_div(rule[9], 1000)) end
+  if n < rule[8] then return 0 end
+  call('DEL', dk)
+  if rule[6] % 2 == 0 then
+    call('SET', key .. '!ban', format('%d:%d:%d', now + rule[7], now, n), 'PX', ceil_div(rule[7], 1000))
+  end
+  return 4
+end
 
 -- one decides the request of n zones whose arguments start at ARGV[a],
 -- with its reply from reply[o]. A function so that pcall can confine a
 -- failing request's error to that request.
 local function one(n, a, o)
-  reply[o] = 1
+  reply[o], reply[o + 1] = 1, now
   for i = 0, n - 1 do
-    local b = a + 3 * i
-    local rule, ki, cost = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-    zrule[i], zbucket[i], zcost[i] = rule, ki, cost
+    local b = a + 4 * i
+    local rule, ki, cost, aux = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), ARGV[b + 3]
+    zrule[i], zbucket[i], zcost[i], zaux[i] = rule, ki, cost, aux
     local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
     local key = KEYS[ki]
     local flag, r1, r2, r3 = 0, 0, 0, 0
-    --@dispatch check
-    if flag ~= 1 then reply[o] = 0 end
-    local c = o + 1 + i * 4
+    local left, bn
+    if rule[7] > 0 then left, bn = banned(key) end
+    if left then
+      flag, r1, r2 = 3, left, bn
+    else
+      --@dispatch check
+      if flag ~= 1 and rule[7] > 0 then flag = flag + denied(key, rule) end
+    end
+    if flag ~= 1 and rule[6] % 2 == 0 then reply[o] = 0 end
+    local c = o + 2 + i * 4
     reply[c], reply[c + 1], reply[c + 2], reply[c + 3] = flag, r1, r2, r3
   end
   if reply[o] == 0 then return end
   for i = 0, n - 1 do
     local cost = zcost[i]
-    if cost > 0 then
-      local rule, ki = zrule[i], zbucket[i]
+    local c = o + 2 + i * 4
+    if cost > 0 and reply[c] == 1 then
+      local rule, ki, aux = zrule[i], zbucket[i], zaux[i]
       local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
       local key = KEYS[ki]
-      local c = o + 1 + i * 4
       local r1, r2, r3 = reply[c + 1], reply[c + 2], reply[c + 3]
       --@dispatch commit
     end
   end
 end
 
-local a, o = 3 + 5 * nrules, 1
+local a, o = 3 + 9 * nrules, 1
 local nargs = #ARGV
 while a <= nargs do
   local n = tonumber(ARGV[a])
@@ -74,9 +118,9 @@ while a <= nargs do
   if not ok then
     if type(err) ~= 'table' then err = {err = tostring(err)} end
     reply[o] = err
-    for j = o + 1, o + 4 * n do reply[j] = 0 end
+    for j = o + 1, o + 1 + 4 * n do reply[j] = 0 end
   end
-  a, o = a + 1 + 3 * n, o + 1 + 4 * n
+  a, o = a + 1 + 4 * n, o + 2 + 4 * n
 end
 flush()
 return reply

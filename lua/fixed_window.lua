@@ -3,7 +3,7 @@
 -- bits), so a key that outlives its window by a millisecond of TTL still
 -- counts nothing in the next one. See limiter/windows.go.
 --
--- Parameters: p1 window (us), p2 limit.
+-- Parameters: p1 window (us), p2 limit; aux the reserve (requests).
 -- Reports: flag, count in the current window, microseconds into it, 0.
 
 --@helpers
@@ -35,12 +35,16 @@ end
 
 --@check
 local _
+local res = tonumber(aux) or 0 -- the requests the request must leave
 _, r1, r2 = win_unpack(ki, p1)
-if cost > p2 then flag = 2 elseif r1 + cost <= p2 then flag = 1 else flag = 0 end
+if cost + res > p2 then flag = 2 elseif r1 + cost + res <= p2 then flag = 1 else flag = 0 end
 
 --@commit
 win_write(ki, floor(now / p1), 0, r1 + cost, p1 - r2)
 
 --@refund
+-- Only the window that counted the charge (aux: its time) gives it back.
 local _, curr, elapsed, w = win_unpack(ki, p1)
-if curr > 0 then win_write(ki, w, 0, max(0, curr - cost), p1 - elapsed) end
+if curr > 0 and floor((tonumber(aux) or 0) / p1) == w then
+  win_write(ki, w, 0, max(0, curr - cost), p1 - elapsed)
+end

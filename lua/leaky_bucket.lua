@@ -3,17 +3,18 @@
 -- burst tokens are queued with it and its wait (the debt) is at most
 -- max_delay microseconds. See limiter/leakybucket.go.
 --
--- Parameters: p1 denom, p2 interval, p3 burst, p4 max delay (us).
+-- Parameters: p1 denom, p2 interval, p3 burst, p4 max delay (us); aux the
+-- reserve (ticks).
 -- Reports: flag, debt before the request (its wait, in ticks), debt after, 0.
 
 --@check
-local cap = p3 * p2
+local cap, res = p3 * p2, tonumber(aux) or 0
 r1 = tb_debt(ki, p1, cap)
-if cost > p3 then
+if cost > p3 or cost * p2 + res > cap then
   flag, r2 = 2, r1
 else
   r2 = r1 + cost * p2
-  if r2 <= cap and ceil_div(r1, p1) <= p4 then flag = 1 else flag = 0 end
+  if r2 + res <= cap and ceil_div(r1, p1) <= p4 then flag = 1 else flag = 0 end
 end
 
 --@commit

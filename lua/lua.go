@@ -32,6 +32,8 @@ var (
 	slidingLog string
 	//go:embed leaky_bucket.lua
 	leakyBucket string
+	//go:embed concurrency.lua
+	concurrency string
 	//go:embed decide.lua
 	decide string
 	//go:embed refund.lua
@@ -51,6 +53,7 @@ var algorithms = []struct {
 	{1, slidingWindow},
 	{3, slidingLog},
 	{4, leakyBucket},
+	{5, concurrency},
 }
 
 // sections splits an algorithm file into its marked sections.

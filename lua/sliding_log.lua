@@ -3,7 +3,7 @@
 -- member "time:cost:n"; entries that left the window are trimmed on every
 -- decision, so memory is bounded by the limit. See limiter/slidinglog.go.
 --
--- Parameters: p1 window (us), p2 limit.
+-- Parameters: p1 window (us), p2 limit; aux the reserve (requests).
 -- Reports: flag, tokens in the window, microseconds until a retry fits
 -- (when denied), microseconds until the log is empty.
 
@@ -18,13 +18,14 @@ local items = call('ZRANGE', key, 0, -1, 'WITHSCORES')
 r1, r2, r3 = 0, 0, 0
 for j = 1, #items, 2 do r1 = r1 + log_cost(items[j]) end
 if #items > 0 then r3 = tonumber(items[#items]) + p1 - now end
-if cost > p2 then
+local res = tonumber(aux) or 0
+if cost + res > p2 then
   flag = 2
-elseif r1 + cost <= p2 then
+elseif r1 + cost + res <= p2 then
   flag = 1
 else
   flag = 0
-  local need, freed = r1 + cost - p2, 0
+  local need, freed = r1 + cost + res - p2, 0
   for j = 1, #items, 2 do
     freed = freed + log_cost(items[j])
     if freed >= need then
@@ -45,9 +46,9 @@ call('ZADD', key, now, member)
 call('PEXPIRE', key, ceil_div(p1, 1000))
 
 --@refund
--- Remove the newest entry of this cost: the one the charge added.
-local items = call('ZREVRANGE', key, 0, -1)
-for j = 1, #items do
+-- Remove the entry the charge added: of this cost, at its time (aux).
+local items = call('ZRANGEBYSCORE', key, aux, aux)
+for j = #items, 1, -1 do
   if log_cost(items[j]) == cost then
     call('ZREM', key, items[j])
     break

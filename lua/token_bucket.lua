@@ -4,7 +4,7 @@
 -- plus the sub-microsecond ticks. A missing key is a full bucket; each key
 -- expires when its bucket is full again. See limiter/tokenbucket.go.
 --
--- Parameters: p1 denom, p2 interval, p3 burst.
+-- Parameters: p1 denom, p2 interval, p3 burst; aux the reserve (ticks).
 -- Reports: flag, debt before the request (ticks), debt after it, 0.
 
 --@helpers
@@ -33,13 +33,14 @@ local function tb_write(ki, denom, debt)
 end
 
 --@check
-local cap = p3 * p2
+-- res: the reserve, in ticks, that the request must leave in the bucket.
+local cap, res = p3 * p2, tonumber(aux) or 0
 r1 = tb_debt(ki, p1, cap)
-if cost > p3 then
+if cost > p3 or cost * p2 + res > cap then
   flag, r2 = 2, r1
 else
   r2 = r1 + cost * p2
-  if r2 <= cap then flag = 1 else flag = 0 end
+  if r2 + res <= cap then flag = 1 else flag = 0 end
 end
 
 --@commit

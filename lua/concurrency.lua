@@ -1,0 +1,22 @@
+-- concurrency.lua: at most limit requests of a key in flight at once,
+-- across the fleet. The key is a sorted set of the slots held, each member
+-- a slot's id (made by the node: unique in the fleet), scored by the
+-- moment its lease ends; expired slots (their node died before releasing
+-- them) are pruned on every decision, and the key expires with its last
+-- lease. A request takes one slot when admitted and its node releases it
+-- (refund) when the request ends. See limiter/concurrency.go.
+--
+-- Parameters: p1 limit, p2 lease (us); aux the slot's id.
+-- Reports: flag, slots held before the request, 0, 0.
+
+--@check
+call('ZREMRANGEBYSCORE', key, '-inf', now)
+r1 = call('ZCARD', key)
+if cost > p1 then flag = 2 elseif r1 + cost <= p1 then flag = 1 else flag = 0 end
+
+--@commit
+call('ZADD', key, now + p2, aux)
+call('PEXPIRE', key, ceil_div(p2, 1000))
+
+--@refund
+call('ZREM', key, aux)
