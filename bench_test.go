@@ -209,11 +209,16 @@ func BenchmarkHeaders(b *testing.B) {
 					b.Fatal(err)
 				}
 				zones := h.Zones[:n]
-				policy := policyOf(zones)
+				applied := make([]*appliedRule, n)
+				reqs := make([]limiter.Request, n)
+				for i, z := range zones {
+					applied[i], reqs[i] = z.base, limiter.Request{Rule: z.rule}
+				}
+				policy := policyOf(applied, reqs)
 				hdr := make(http.Header)
 				b.ReportAllocs()
 				for b.Loop() {
-					m.write(hdr, zones, results[:n], policy)
+					m.write(hdr, zones, applied, results[:n], policy)
 				}
 			})
 		}

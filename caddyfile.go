@@ -58,9 +58,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    zone <name> {
 //	        key   <expr> [<expr>...]
-//	        rate  <n> <duration>
-//	        burst <n>
-//	        algorithm token_bucket|sliding_window|fixed_window|sliding_log|leaky_bucket
+//	        rate  <n|placeholder> <duration>
+//	        burst <n|placeholder>
+//	        algorithm token_bucket|sliding_window|fixed_window|sliding_log|leaky_bucket|concurrency
+//	        limit <n>  lease <duration>      # concurrency
+//	        reserve <percent|placeholder>
+//	        count_status <code|class>...
+//	        ban <duration> after <n> in <window>
+//	        dry_run
 //	        max_delay <duration>
 //	        window <duration>  events <n>    # caddy-ratelimit's form
 //	        ipv4_prefix <bits>  ipv6_prefix <bits>
@@ -71,6 +76,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    headers ietf|legacy|both|none
 //	    log_key
+//	    dry_run                           # every zone a dry run
 //	    log_denials info|debug|off
 //	    disable_metrics
 //	    max_keys <n>
@@ -175,6 +181,7 @@ var (
 	handlerFlags = []setting[Handler, bool]{
 		{"log_key", func(h *Handler) *bool { return &h.LogKey }},
 		{"disable_metrics", func(h *Handler) *bool { return &h.DisableMetrics }},
+		{"dry_run", func(h *Handler) *bool { return &h.DryRun }},
 	}
 	handlerSettings = map[string]func(h *Handler, arg string) error{
 		"headers":           func(h *Handler, arg string) error { h.Headers = arg; return nil },
@@ -425,7 +432,17 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // where a mistake in the limit is reported.
 var (
 	zoneSettings = map[string]func(z *Zone, sub, arg string) error{
-		"burst":       zoneInt(func(z *Zone) *int64 { return &z.Burst }, 64),
+		"burst": func(z *Zone, sub, arg string) (err error) {
+			if strings.Contains(arg, "{") {
+				z.BurstPlaceholder = arg
+				return nil
+			}
+			z.Burst, err = positiveInt(sub, arg, 64)
+			return err
+		},
+		"limit":       zoneInt(func(z *Zone) *int64 { return &z.Limit }, 32),
+		"lease":       zoneDuration(func(z *Zone) *caddy.Duration { return &z.Lease }),
+		"reserve":     func(z *Zone, _, arg string) error { z.Reserve = arg; return checkReserve(arg) },
 		"events":      zoneInt(func(z *Zone) *int64 { return &z.Events }, 54),
 		"fleet_size":  zoneInt(func(z *Zone) *int64 { return &z.FleetSize }, 32),
 		"max_delay":   zoneDuration(func(z *Zone) *caddy.Duration { return &z.MaxDelay }),
@@ -436,8 +453,8 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match"}
-	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run"}
+	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease"}
 )
 
 // zoneInt, zoneDuration and zonePrefix parse a zone setting into a field.
@@ -501,6 +518,21 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		return nil
 	case "rate":
 		return z.unmarshalRate(d)
+	case "ban":
+		return z.unmarshalBan(d)
+	case "dry_run":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		z.DryRun = true
+		return nil
+	case "count_status":
+		args := d.RemainingArgs()
+		if _, err := parseStatusSet(args); err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+		z.CountStatus = args
+		return nil
 	case "match":
 		if d.NextArg() {
 			return d.ArgErr()
@@ -531,7 +563,15 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 func (z *Zone) unmarshalRate(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
 	if len(args) != 2 {
-		return d.Errf("zone %q: rate needs two arguments: rate <n> <duration>", z.Name)
+		return d.Errf("zone %q: rate needs two arguments: rate <n|placeholder> <duration>", z.Name)
+	}
+	if strings.Contains(args[0], "{") {
+		per, err := positiveDuration("rate period", args[1])
+		if err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+		z.RatePlaceholder, z.Per = args[0], per
+		return nil
 	}
 	n, err := positiveInt("rate", args[0], 64)
 	if err != nil {

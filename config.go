@@ -140,8 +140,15 @@ type Handler struct {
 	// Placeholders, events and logs stay. Default: metrics on.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
+	// DryRun makes every zone a dry run (see Zone.DryRun): the limits
+	// decide and count, deny nothing and send no rate limit fields, so
+	// that a new configuration can be watched before it is enforced.
+	DryRun bool `json:"dry_run,omitempty"`
+
 	obs     *observe.Handler // placeholders, events, metrics and stats
 	denials denialLog        // how denials are logged (log_denials)
+	// dryRunLog throttles the log lines of dry-run zones (nil: none).
+	dryRunLog *denialThrottle
 	now     func() time.Time // the clock of the denial log's seconds
 	// jitterShare is Jitter read as a share of the wait.
 	jitterShare float64
@@ -152,7 +159,11 @@ type Handler struct {
 	logger      *zap.Logger
 	digest      limiter.Digester // client keys' digests in logs, stats and events
 	anyMatch    bool             // some zone has matchers
-	policy      string
+	// policy is the RateLimit-Policy of a request that every zone applies
+	// to, unless varyPolicy: some zone's rule comes from placeholders or
+	// is a dry run.
+	policy     string
+	varyPolicy bool
 }
 
 // RedisConfig connects the handler to Redis. Handlers with the same

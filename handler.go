@@ -47,6 +47,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
+	h.provisionDryRun()
 	store, key, err := h.provisionStore()
 	if err != nil {
 		return err
@@ -70,11 +71,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) provisionZones(ctx caddy.Context) error {
 	policies := make([]string, 0, len(h.Zones))
 	for _, z := range h.Zones {
+		z.allDryRun = h.DryRun
 		if err := z.provision(ctx); err != nil {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
 		h.anyMatch = h.anyMatch || len(z.matchers) > 0
-		policies = append(policies, z.policy)
+		h.varyPolicy = h.varyPolicy || z.rules != nil || z.rule.DryRun()
+		if !z.rule.DryRun() {
+			policies = append(policies, z.base.policy)
+		}
 	}
 	h.policy = strings.Join(policies, ", ")
 	return nil
@@ -176,7 +181,18 @@ type scratch struct {
 	reqs    [maxInlineZones]limiter.Request
 	results [maxInlineZones]limiter.Result
 	zones   [maxInlineZones]*Zone
+	applied [maxInlineZones]*appliedRule
 	obs     [maxInlineZones]*observe.Zone // the zones' observability
+
+	// A decision's lists (into the arrays above, or beyond them), kept
+	// for what happens after the response (see held).
+	reqList    []limiter.Request
+	resultList []limiter.Result
+	zoneList   []*Zone
+	outcome    limiter.Outcome
+	// held: a zone holds something until the response is written (a
+	// concurrency slot, or a charge that count_status may give back).
+	held, countStatus bool
 }
 
 // scratchPool recycles the scratch space of decisions.
@@ -187,6 +203,9 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	sc := scratchPool.Get().(*scratch)
 	pass, err := h.limit(w, r, sc)
+	if pass && sc.held {
+		return h.serveHeld(w, r, next, sc)
+	}
 	*sc = scratch{} // drop the keys and zones it refers to
 	scratchPool.Put(sc)
 	if !pass {
@@ -199,7 +218,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // whether it may pass, or the error that answers it.
 func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	reqs, zones, obs := sc.reqs[:0], sc.zones[:0], sc.obs[:0]
+	reqs, zones, applied, obs := sc.reqs[:0], sc.zones[:0], sc.applied[:0], sc.obs[:0]
 	for _, z := range h.Zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -214,8 +233,17 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		if !ok {
 			return false, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
 		}
-		reqs = append(reqs, limiter.Request{Rule: z.rule, Key: z.keyOf(r, repl), Cost: cost})
+		ap, err := z.applied(repl)
+		if err != nil {
+			return false, caddyhttp.Error(http.StatusInternalServerError, err)
+		}
+		reserve, err := z.reserveOf(repl)
+		if err != nil {
+			return false, caddyhttp.Error(http.StatusInternalServerError, err)
+		}
+		reqs = append(reqs, limiter.Request{Rule: ap.rule, Key: z.keyOf(r, repl), Cost: cost, Reserve: reserve})
 		zones = append(zones, z)
+		applied = append(applied, ap)
 		obs = append(obs, z.obs)
 	}
 	if len(reqs) == 0 {
@@ -233,29 +261,34 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		// nor a store failure, and nobody to answer.
 		return false, caddyhttp.Error(statusClientClosed, r.Context().Err())
 	}
-	// Before known() drops the zones a cached denial left unconsulted.
+	// Before shown() drops the zones a cached denial left unconsulted.
 	h.obs.Decided(r, repl, outcome, obs, reqs, results)
+	h.logDryRuns(r, reqs, zones, results)
 	switch outcome {
 	case limiter.FailedOpen:
 		return true, nil
 	case limiter.FailedClosed:
 		return false, h.unavailable(w, results)
 	}
-	// The policy names every zone that applies; the current state only
-	// the zones that were consulted.
-	policy := h.policy
-	if len(zones) != len(h.Zones) {
-		policy = policyOf(zones)
+	admitted := outcome == limiter.Allowed || outcome == limiter.LocalAllowed
+	if admitted {
+		sc.hold(outcome, reqs, zones, results)
 	}
-	reqs, zones, results = known(reqs, zones, results)
-	h.headers.write(w.Header(), zones, results, policy)
-	if outcome == limiter.Allowed || outcome == limiter.LocalAllowed {
-		if err := h.wait(w, r, zones, results); err != nil {
+	// The policy names every enforced zone that applies; the current
+	// state only the zones that were consulted.
+	policy := h.policy
+	if h.varyPolicy || len(zones) != len(h.Zones) {
+		policy = policyOf(applied, reqs)
+	}
+	sreqs, szones, sapplied, sresults := shown(reqs, zones, applied, results)
+	h.headers.write(w.Header(), szones, sapplied, sresults, policy)
+	if admitted {
+		if err := h.wait(w, r, szones, sresults); err != nil {
 			return false, err
 		}
 		return true, nil
 	}
-	return false, h.deny(w, r, repl, reqs, zones, results)
+	return false, h.deny(w, r, repl, sreqs, szones, sresults)
 }
 
 // errUnavailable is the error of a request rejected because the store
@@ -304,6 +337,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	wait := h.jitter(retry)
 	h.logDenials(r, reqs, zones, results, wait)
 	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(wait), 10)}
+	for i := range results {
+		if results[i].Banned && zones[i] == first {
+			return denial(first.errBanned)
+		}
+	}
 	return denial(first.errDenied)
 }
 
@@ -332,16 +370,34 @@ func errorID() string {
 	return string(b[:])
 }
 
-// known drops, in place, the zones that a cached denial left unconsulted.
-func known(reqs []limiter.Request, zones []*Zone, results []limiter.Result) ([]limiter.Request, []*Zone, []limiter.Result) {
-	n := 0
+// shown returns the zones whose state a response reports: those consulted
+// (a cached denial leaves the others unconsulted) that are enforced (a dry
+// run sends no fields). The lists are copies when any zone is left out,
+// so that the decision's own stay whole for what follows the response.
+func shown(reqs []limiter.Request, zones []*Zone, applied []*appliedRule, results []limiter.Result) ([]limiter.Request, []*Zone, []*appliedRule, []limiter.Result) {
+	all := true
 	for i := range results {
-		if !results[i].Unknown {
-			reqs[n], zones[n], results[n] = reqs[i], zones[i], results[i]
-			n++
+		if results[i].Unknown || reqs[i].Rule.DryRun() {
+			all = false
+			break
 		}
 	}
-	return reqs[:n], zones[:n], results[:n]
+	if all {
+		return reqs, zones, applied, results
+	}
+	var (
+		sreqs    []limiter.Request
+		szones   []*Zone
+		sapplied []*appliedRule
+		sresults []limiter.Result
+	)
+	for i := range results {
+		if !results[i].Unknown && !reqs[i].Rule.DryRun() {
+			sreqs, szones = append(sreqs, reqs[i]), append(szones, zones[i])
+			sapplied, sresults = append(sapplied, applied[i]), append(sresults, results[i])
+		}
+	}
+	return sreqs, szones, sapplied, sresults
 }
 
 // retryAfterSeconds rounds a wait up to whole seconds, so that a client that

@@ -41,15 +41,19 @@ func parseHeaderMode(s string) (headerMode, error) {
 	return 0, fmt.Errorf("unknown headers mode %q (want ietf, legacy, both or none)", s)
 }
 
-// policyOf returns the RateLimit-Policy value for a set of zones.
-func policyOf(zones []*Zone) string {
+// policyOf returns the RateLimit-Policy value for the rules a request
+// applied: every enforced zone's (a dry run sends no fields).
+func policyOf(applied []*appliedRule, reqs []limiter.Request) string {
 	var buf [256]byte
 	b := buf[:0]
-	for i, z := range zones {
-		if i > 0 {
+	for i, ap := range applied {
+		if reqs[i].Rule.DryRun() {
+			continue
+		}
+		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = append(b, z.policy...)
+		b = append(b, ap.policy...)
 	}
 	return string(b)
 }
@@ -63,8 +67,8 @@ func policyOf(zones []*Zone) string {
 // the RateLimit-Policy value: every zone that applies to the request (a
 // zone left unconsulted by a cached denial is in the policy but not in
 // RateLimit).
-func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result, policy string) {
-	if m == headersNone {
+func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, results []limiter.Result, policy string) {
+	if m == headersNone || len(zones) == 0 {
 		return
 	}
 	// One array holds every value, and numbers below 100 come from
@@ -96,7 +100,7 @@ func (m headerMode) write(h http.Header, zones []*Zone, results []limiter.Result
 				least = i
 			}
 		}
-		vals[2] = zones[least].rateText
+		vals[2] = applied[least].rateText
 		vals[3] = strconv.FormatInt(results[least].Remaining, 10)
 		vals[4] = strconv.FormatInt(retryAfterSeconds(results[least].ResetAfter), 10)
 		h[hdrLegacyLimit] = vals[2:3:3]

@@ -41,14 +41,26 @@ type Zone struct {
 	// two counters per key), `fixed_window` (at most Rate per window of
 	// Per, windows aligned to the clock; one counter), `sliding_log`
 	// (exactly at most Rate in any window of Per; memory grows with the
-	// limit) or `leaky_bucket` (a shaper: requests over the rate wait for
+	// limit), `leaky_bucket` (a shaper: requests over the rate wait for
 	// their turn, at most MaxDelay and Burst tokens queued, then proceed
-	// at a steady rate). Default: `token_bucket`.
+	// at a steady rate) or `concurrency` (at most Limit requests of a key
+	// in flight at once, across the fleet). Default: `token_bucket`.
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// Rate is how many tokens are refilled every Per (the window
-	// algorithms: how many per window of Per). Required (or Events).
+	// algorithms: how many per window of Per). Required (or
+	// RatePlaceholder, or Events; not for concurrency).
 	Rate int64 `json:"rate,omitempty"`
+
+	// RatePlaceholder takes each request's rate from a placeholder
+	// expression instead of Rate (`{plan_rate}`, set by a `map` from the
+	// API key: one zone, a rate per tier). The value must be a whole
+	// number from 1 to 1,000,000,000; a request with any other value gets
+	// status 500 and an error log naming the zone and the value. Rules are
+	// compiled once per distinct rate and burst and kept, at most 1,024
+	// per zone. A key whose limit changes keeps the time its bucket needs
+	// to refill completely, capped at the new burst.
+	RatePlaceholder string `json:"rate_placeholder,omitempty"`
 
 	// Per is the refill period of Rate tokens, or the window. Required
 	// (or Window).
@@ -58,6 +70,60 @@ type Zone struct {
 	// once (leaky bucket: the most tokens queued). Token and leaky bucket
 	// only. Default: Rate.
 	Burst int64 `json:"burst,omitempty"`
+
+	// BurstPlaceholder takes each request's burst from a placeholder
+	// expression instead of Burst, with the same rules as
+	// RatePlaceholder. Token and leaky bucket only.
+	BurstPlaceholder string `json:"burst_placeholder,omitempty"`
+
+	// Reserve sheds a request unless the zone keeps at least this share of
+	// its capacity after charging it (the burst for the token and leaky
+	// buckets, the limit for the windows): a whole percentage from 0 to
+	// 99, with or without `%`, or a placeholder that yields one (from a
+	// `map` of the path: 0 for critical routes, 30 for analytics). A
+	// request with reserve 0 may take the last token; with 30%, it is
+	// shed while the zone holds less than 30% of its capacity plus its
+	// cost, and its Retry-After is when the zone will hold that again. An
+	// invalid value from a placeholder gets status 500. Not for
+	// concurrency. Default: 0.
+	Reserve string `json:"reserve,omitempty"`
+
+	// Limit is, for a concurrency zone, how many requests of a key may be
+	// in flight at once across the fleet. A request holds a slot from its
+	// admission until its response has been written (or it failed,
+	// panicked, or its client went away). Required for concurrency, and
+	// only there.
+	Limit int64 `json:"limit,omitempty"`
+
+	// Lease is, for a concurrency zone on Redis, how long a slot outlives
+	// a node that died holding it; a request running longer than its
+	// lease loses its slot (give the zone a lease longer than its longest
+	// request). Default: 1m.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// DryRun makes the zone decide and count as if it were enforced (a
+	// request it would deny is not charged), but deny nothing and send no
+	// rate limit fields: a request it would deny passes, counted under the
+	// outcome `dry_run_denied`, with the event `rate_limit_dry_run` and an
+	// info log line (at most one per key and zone per second). The
+	// handler's DryRun makes every zone a dry run.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// Ban bans, across the fleet, a key that this zone denied After times
+	// within Window, for Duration: every request of the key that the
+	// zone applies to is then answered 429 with Retry-After set to the
+	// rest of the ban, and no bucket is charged. With DryRun, a ban that
+	// would start is only reported.
+	Ban *ZoneBan `json:"ban,omitempty"`
+
+	// CountStatus makes the zone count only responses of these statuses:
+	// codes (`401`) or classes (`4xx`). A request is charged as usual
+	// before it passes, and its tokens are given back once its response's
+	// status is not one of these (one more store call; if the store fails
+	// then, the charge stays). `rate 5 15m` with `count_status 401`
+	// allows at most 5 failed logins per 15 minutes. Not for leaky_bucket
+	// or concurrency. Default: every response counts.
+	CountStatus []string `json:"count_status,omitempty"`
 
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
 	// turn. Default: as long as the queue (Burst) allows.
@@ -110,17 +176,23 @@ type Zone struct {
 	// requests that reach the handler.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	rule       *limiter.Rule
-	matchers   caddyhttp.MatcherSets
-	keys       []keyExpr
-	cost       int64  // the static cost, when costExpr is empty
-	costExpr   string // placeholder expression of a dynamic cost
-	policy     string // this zone's RateLimit-Policy list member
-	rateText   string // the zone's rate, for X-RateLimit-Limit
-	errDenied  error
-	errNever   error
-	errBadCost error
-	obs        *observe.Zone // placeholders and stats
+	rule        *limiter.Rule // the zone's rule (with placeholders: for their stand-in values)
+	base        *appliedRule  // rule, with its field values
+	rules       *ruleCache    // the rules of placeholder values; nil without placeholders
+	matchers    caddyhttp.MatcherSets
+	keys        []keyExpr
+	cost        int64  // the static cost, when costExpr is empty
+	costExpr    string // placeholder expression of a dynamic cost
+	reserve     int64  // the static reserve, when reserveExpr is empty
+	reserveExpr string // placeholder expression of a dynamic reserve
+	counted     statusSet
+	countStatus bool // counted applies: the zone refunds what it does not count
+	allDryRun   bool // the handler's dry_run
+	errDenied   error
+	errNever    error
+	errBanned   error
+	errBadCost  error
+	obs         *observe.Zone // placeholders and stats
 }
 
 // defaultKey is the key of a zone in fleetlimit's form (rate and per) that
@@ -139,8 +211,8 @@ func (z *Zone) validate() error {
 	if !zoneNameRE.MatchString(z.Name) {
 		return inSetting("name", errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'"))
 	}
-	if z.Rate == 0 && z.Events == 0 && z.Window == 0 {
-		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
+	if err := z.validatePolicies(); err != nil {
+		return err
 	}
 	// The failure policy is compiled into the rule: checked first, so
 	// that its mistakes name their own setting.
@@ -150,7 +222,7 @@ func (z *Zone) validate() error {
 	if z.FleetSize < 0 {
 		return inSetting("fleet_size", limiter.ErrBadFleetSize)
 	}
-	rule, err := z.compileRule()
+	rule, err := z.compileRule(z.standIn())
 	if err != nil {
 		return inSetting("rule", err)
 	}
@@ -178,6 +250,8 @@ func (z *Zone) validate() error {
 func (z *Zone) validateCost(rule *limiter.Rule) error {
 	switch c := strings.TrimSpace(z.Cost); {
 	case c == "":
+	case rule.Algorithm() == limiter.Concurrency:
+		return inSetting("cost", errors.New("a concurrency zone takes no cost: a request holds one slot"))
 	case strings.ContainsAny(c, "{}"):
 		if err := checkPlaceholders(c); err != nil {
 			return inSetting("cost", fmt.Errorf("cost %q is not a valid placeholder expression: %w", c, err))
@@ -187,7 +261,7 @@ func (z *Zone) validateCost(rule *limiter.Rule) error {
 		if err != nil || n <= 0 {
 			return inSetting("cost", fmt.Errorf("cost must be a positive integer or a placeholder, got %q", c))
 		}
-		if n > rule.Burst() {
+		if n > rule.Burst() && z.BurstPlaceholder == "" && z.RatePlaceholder == "" {
 			return inSetting("cost", fmt.Errorf("cost %d exceeds burst %d, so no request could ever pass", n, rule.Burst()))
 		}
 	}
@@ -200,13 +274,22 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if err := z.validate(); err != nil {
 		return err
 	}
-	rule, err := z.compileRule()
+	rule, err := z.compileRule(z.standIn())
 	if err != nil {
 		return err
 	}
-	z.rule = rule
+	z.rule, z.base, z.rules = rule, newApplied(z.Name, rule), nil
+	if z.RatePlaceholder != "" || z.BurstPlaceholder != "" {
+		z.rules = &ruleCache{m: make(map[[2]int64]*cachedRule), size: defaultRuleCacheSize, name: z.Name,
+			build: func(rate, burst int64) (*limiter.Rule, error) { return z.compileRule(rate, burst) }}
+	}
 	z.provisionKeys()
 	z.provisionCost()
+	z.provisionReserve()
+	z.counted, z.countStatus = statusSet{}, len(z.CountStatus) > 0
+	if z.countStatus {
+		z.counted, _ = parseStatusSet(z.CountStatus)
+	}
 	if z.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
@@ -217,9 +300,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		}
 	}
 
-	z.rateText = strconv.FormatInt(rule.Rate(), 10)
-	z.policy = `"` + z.Name + `";q=` + strconv.FormatInt(rule.Rate(), 10) + ";w=" + strconv.FormatInt(rule.Window(), 10)
 	z.errDenied = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
+	z.errBanned = fmt.Errorf("key banned in zone %q", z.Name)
 	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
 	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
 	return nil

@@ -1,0 +1,94 @@
+package fleetlimit
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// What happens after the response: a concurrency zone releases the request's
+// slot, and a count_status zone gives back the charge of a response it
+// does not count. Both are queued to the store like any decision and never
+// hold the response.
+
+// hold records, for an admitted request, what its zones hold until the
+// response is written.
+func (sc *scratch) hold(outcome limiter.Outcome, reqs []limiter.Request, zones []*Zone, results []limiter.Result) {
+	for i := range reqs {
+		if !charged(&reqs[i], &results[i]) {
+			continue
+		}
+		if reqs[i].Rule.Algorithm() == limiter.Concurrency {
+			sc.held = true
+		}
+		if zones[i].countStatus {
+			sc.held, sc.countStatus = true, true
+		}
+	}
+	if sc.held {
+		sc.outcome, sc.reqList, sc.zoneList, sc.resultList = outcome, reqs, zones, results
+	}
+}
+
+// charged reports whether an admitted request's zone was charged: it was
+// consulted, and is not a dry run that would have denied (it charges
+// nothing then).
+func charged(q *limiter.Request, res *limiter.Result) bool {
+	return !res.Unknown && !res.DryRun && q.Cost > 0
+}
+
+// serveHeld passes on a request whose zones hold something until its
+// response is written, and then releases it, whatever happens: an error,
+// a panic, a client that went away.
+func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sc *scratch) (err error) {
+	var rec *statusRecorder
+	if sc.countStatus {
+		rec = &statusRecorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+		w = rec
+	}
+	finished := false
+	defer func() {
+		status := http.StatusInternalServerError // a panic
+		if rec != nil && finished {
+			status = responseStatus(rec, err)
+		}
+		h.release(sc, status)
+		*sc = scratch{}
+		scratchPool.Put(sc)
+	}()
+	err = next.ServeHTTP(w, r)
+	finished = true
+	return err
+}
+
+// release gives back what the request's zones held: every concurrency
+// zone's slot, and the charge of each count_status zone that does not
+// count status. It runs in the background, bounded by the store's
+// timeout; a failure leaves the charge (strict) and is counted.
+func (h *Handler) release(sc *scratch, status int) {
+	var reqs []limiter.Request
+	var results []limiter.Result
+	for i := range sc.reqList {
+		q, res, z := &sc.reqList[i], &sc.resultList[i], sc.zoneList[i]
+		if !charged(q, res) {
+			continue
+		}
+		if q.Rule.Algorithm() == limiter.Concurrency || (z.countStatus && !z.counted.has(status)) {
+			reqs, results = append(reqs, *q), append(results, *res)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	go func(outcome limiter.Outcome) {
+		if err := h.limiter.Refund(context.Background(), outcome, reqs, results); err != nil {
+			if ce := h.logger.Check(zap.DebugLevel, "rate limit refund dropped; the charge stays"); ce != nil {
+				ce.Write(zap.String("zone", reqs[0].Rule.Name()), zap.Error(err))
+			}
+		}
+	}(sc.outcome)
+}
