@@ -69,4 +69,3 @@ func (z *Zone) unmarshalBan(d *caddyfile.Dispenser) error {
 	}
 	return nil
 }
-

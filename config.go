@@ -149,7 +149,7 @@ type Handler struct {
 	denials denialLog        // how denials are logged (log_denials)
 	// dryRunLog throttles the log lines of dry-run zones (nil: none).
 	dryRunLog *denialThrottle
-	now     func() time.Time // the clock of the denial log's seconds
+	now       func() time.Time // the clock of the denial log's seconds
 	// jitterShare is Jitter read as a share of the wait.
 	jitterShare float64
 	headers     headerMode
