@@ -14,8 +14,9 @@ func init() {
 // adminAPI serves the rate limiter's statistics and live dashboard on
 // Caddy's admin endpoint:
 //
-//	GET /rate_limit/        the dashboard (HTML; every asset embedded)
-//	GET /rate_limit/stats   the statistics, as JSON
+//	GET /rate_limit/          the dashboard (HTML; every asset embedded)
+//	GET /rate_limit/stats     the statistics, as JSON
+//	GET /rate_limit/denials   the denial feed, as JSON (?zone=NAME&limit=N)
 //
 // It needs no configuration: Caddy mounts every admin.api module.
 type adminAPI struct{}

@@ -70,4 +70,13 @@ func TestAdminRoutes(t *testing.T) {
 	if _, err := adminGet(t, http.MethodGet, "/rate_limit/stats?series=9999"); apiStatus(err) != http.StatusBadRequest {
 		t.Errorf("series=9999: %v, want 400", err)
 	}
+	if w, err := adminGet(t, http.MethodGet, "/rate_limit/denials?zone=none&limit=5"); err != nil || w.Header().Get("Content-Type") != "application/json" ||
+		!strings.Contains(w.Body.String(), `"denials":[]`) {
+		t.Errorf("denials: %v, %q %s", err, w.Header().Get("Content-Type"), w.Body.String())
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=x"} {
+		if _, err := adminGet(t, http.MethodGet, "/rate_limit/denials?"+q); apiStatus(err) != http.StatusBadRequest {
+			t.Errorf("denials?%s: %v, want 400", q, err)
+		}
+	}
 }

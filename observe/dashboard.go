@@ -22,10 +22,12 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit_dashboard", httpcaddyfile.Before, "respond")
 }
 
-// DashboardHandler serves the rate limit dashboard and its statistics (the
-// same as the admin API's /rate_limit/ and /rate_limit/stats) on a site,
+// DashboardHandler serves the rate limit dashboard, its statistics and the
+// denial feed (the same as the admin API's /rate_limit/, /rate_limit/stats
+// and /rate_limit/denials) on a site,
 // for operators whose browsers cannot reach a node's admin endpoint. Put it
-// behind authentication: with `log_key` its table shows client keys.
+// behind authentication: with `log_key` its tables show client keys and
+// addresses.
 //
 //	handle /rate-limits/* {
 //	    basic_auth { ops <hash> }
@@ -33,7 +35,7 @@ func init() {
 //	}
 //
 // It answers the path's last segment: the page for a path ending in "/",
-// "stats", "dashboard.js" and "dashboard.css"; a GET or HEAD of any other
+// "stats", "denials", "dashboard.js" and "dashboard.css"; a GET or HEAD of any other
 // path is redirected to itself with a trailing "/" (so that the page's
 // relative links resolve), keeping the query. The redirect is relative to
 // the path ("./<segment>/"): it cannot leave the site, whatever the path
@@ -55,7 +57,7 @@ func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
 func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	p := r.URL.Path
 	name := p[strings.LastIndexByte(p, '/')+1:]
-	if _, ok := dashboardFiles[name]; !ok && name != "stats" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		w.Header().Set("Location", slashRedirect(r.URL))
 		w.WriteHeader(http.StatusPermanentRedirect)
 		return nil
@@ -109,15 +111,19 @@ var dashboardFiles = map[string]string{
 }
 
 // serveDashboard serves one of the dashboard's resources by name ("" for
-// the page, "stats" for the statistics), or returns an error and its HTTP
+// the page, "stats" for the statistics, "denials" for the denial feed), or
+// returns an error and its HTTP
 // status. The admin API and the rate_limit_dashboard handler share it.
 func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)
 	}
-	if name == "stats" {
+	switch name {
+	case "stats":
 		return serveStats(w, r)
+	case "denials":
+		return serveDenials(w, r)
 	}
 	file, ok := dashboardFiles[name]
 	if !ok {
@@ -160,6 +166,12 @@ func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
 	if err != nil {
 		return http.StatusInternalServerError, err
 	}
+	writeJSON(w, r, body)
+	return 0, nil
+}
+
+// writeJSON answers with a JSON body that no cache may keep.
+func writeJSON(w http.ResponseWriter, r *http.Request, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -167,7 +179,6 @@ func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
 	if r.Method == http.MethodGet {
 		_, _ = w.Write(body)
 	}
-	return 0, nil
 }
 
 // Interface guards

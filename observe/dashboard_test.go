@@ -54,9 +54,9 @@ func TestDashboardRedirectStaysOnSite(t *testing.T) {
 		}
 	}
 
-	// The page, its assets and the stats are served; nothing else than GET
-	// and HEAD is redirected.
-	for _, target := range []string{"/rate-limits/", "/rate-limits/stats", "/rate-limits/dashboard.js"} {
+	// The page, its assets, the stats and the denial feed are served;
+	// nothing else than GET and HEAD is redirected.
+	for _, target := range []string{"/rate-limits/", "/rate-limits/stats", "/rate-limits/denials", "/rate-limits/dashboard.js"} {
 		w := httptest.NewRecorder()
 		if err := (DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(http.MethodGet, target, nil), nil); err != nil || w.Code != http.StatusOK {
 			t.Errorf("%s: status %d, %v", target, w.Code, err)

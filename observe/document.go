@@ -102,7 +102,9 @@ type statsZone struct {
 	Evictions uint64       `json:"evictions"`
 	Rates     statsWindows `json:"rates"`
 	TopDenied statsTop     `json:"top_denied"`
-	Series    *statsSeries `json:"series,omitempty"`
+	// TopNetworks are the client networks denied most.
+	TopNetworks statsTopNetworks `json:"top_networks"`
+	Series      *statsSeries     `json:"series,omitempty"`
 	// Fleet is what every node sharing the zone's Redis decided; absent
 	// with the memory store.
 	Fleet *statsFleet `json:"fleet,omitempty"`
@@ -123,6 +125,23 @@ type statsTopKey struct {
 	Key    string `json:"key"`
 	Denied uint64 `json:"denied"`
 	Error  uint64 `json:"error"`
+}
+
+// statsTopNetworks lists the client networks denied most since Since (one
+// to two minutes ago): the denied requests' client addresses (as Caddy's
+// client_ip gives them) grouped by /24 for IPv4 and /64 for IPv6, counted
+// by the sketch of the top keys. Denied may exceed the true count by at
+// most Error.
+type statsTopNetworks struct {
+	Since    int64             `json:"since"`
+	Networks []statsTopNetwork `json:"networks"`
+}
+
+// statsTopNetwork is one of the networks denied most.
+type statsTopNetwork struct {
+	Network string `json:"network"`
+	Denied  uint64 `json:"denied"`
+	Error   uint64 `json:"error"`
 }
 
 // statsFleet is the fleet's part of a zone: the nodes that reported in the
@@ -164,6 +183,31 @@ type statsStore struct {
 	// Memory is what Redis last said of its memory (read once a
 	// minute); Redis only, absent until read or when INFO is refused.
 	Memory *statsRedisMemory `json:"memory,omitempty"`
+	// Clock is this node's clock against Redis'; Redis only, absent
+	// until the first reading.
+	Clock *statsClock `json:"clock,omitempty"`
+	// Feed tells whether this node's denials reach the fleet's denial
+	// feed; Redis only.
+	Feed *statsFeedStatus `json:"feed,omitempty"`
+}
+
+// statsClock is this node's clock offset against Redis' TIME, in
+// milliseconds: OffsetMS is Redis' time minus this node's (negative when
+// this node's clock is ahead), within half of RoundTripMS, the round trip
+// of the reading it comes from (the shortest of the last eight, taken once
+// a second), at Time (by this node's clock).
+type statsClock struct {
+	OffsetMS    float64   `json:"offset_ms"`
+	RoundTripMS float64   `json:"round_trip_ms"`
+	Time        time.Time `json:"time"`
+}
+
+// statsFeedStatus tells whether this node's sampled denials reach the
+// fleet's denial feed: Dropped counts those left out because the queue to
+// Redis was full, LastError is the last failure to send.
+type statsFeedStatus struct {
+	Dropped   uint64      `json:"dropped"`
+	LastError *statsError `json:"last_error,omitempty"`
 }
 
 // statsRedisMemory is Redis' memory: used against maxmemory (0: no limit),
@@ -295,6 +339,13 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 		}
 		zj.TopDenied.Keys = append(zj.TopDenied.Keys, statsTopKey{Key: key, Denied: it.count, Error: it.over})
 	}
+	nets, since := z.nets.top(sec, topReport)
+	zj.TopNetworks = statsTopNetworks{Since: since, Networks: make([]statsTopNetwork, 0, len(nets))}
+	for _, it := range nets {
+		if n := networkOfKey(it.key); n != "" {
+			zj.TopNetworks.Networks = append(zj.TopNetworks.Networks, statsTopNetwork{Network: n, Denied: it.count, Error: it.over})
+		}
+	}
 	if series > 0 {
 		zj.Series = &statsSeries{End: last, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
 		for i := range series {
@@ -417,6 +468,15 @@ func (s *storeStats) snapshot(now int64) statsStore {
 			st.LastError = &statsError{Message: e.msg, Time: e.at}
 		}
 		sj.Fleet = st
+	}
+	if c, ok := s.clock.offset(); ok {
+		sj.Clock = &statsClock{OffsetMS: ms(c.Offset), RoundTripMS: ms(c.RoundTrip), Time: c.At}
+	}
+	if w := s.writer; w != nil {
+		sj.Feed = &statsFeedStatus{Dropped: s.feed.dropped.Load()}
+		if e := w.lastErr.Load(); e != nil {
+			sj.Feed.LastError = &statsError{Message: e.msg, Time: e.at}
+		}
 	}
 	return sj
 }

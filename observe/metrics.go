@@ -26,6 +26,7 @@ import (
 //	caddy_rate_limit_store_errors_total{store,reason}      counter
 //	caddy_rate_limit_breaker_open{store}                   gauge
 //	caddy_rate_limit_evictions_total{zone}                 counter
+//	caddy_rate_limit_clock_offset_seconds{store}           gauge
 //
 // outcome is one of allowed, denied, failed_open, failed_closed,
 // local_allowed, local_denied (see zoneOutcome); reason is one of timeout,
@@ -68,6 +69,7 @@ var metrics = struct {
 	storeErrors   *prometheus.CounterVec
 	breaker       *breakerCollector
 	evictions     *evictionsCollector
+	clockOffset   *clockCollector
 
 	// mu guards users: how many stats values use the series of a zone or
 	// store name. Their series are deleted when the last one goes, not
@@ -111,6 +113,10 @@ func initMetrics() {
 			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "evictions_total"),
 			"Buckets of the zone this node's memory store evicted before they were full, to make room for new keys (max_keys).",
 			[]string{"zone"}, nil)}
+		metrics.clockOffset = &clockCollector{desc: prometheus.NewDesc(
+			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "clock_offset_seconds"),
+			"Redis' TIME minus this node's clock, measured once a second (negative when this node's clock is ahead); buckets never depend on it.",
+			[]string{"store"}, nil)}
 	})
 }
 
@@ -122,7 +128,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits,
-		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions} {
+		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -266,5 +272,33 @@ func (c *evictionsCollector) Collect(ch chan<- prometheus.Metric) {
 			n += b.memory.Evictions(b.name)
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), name)
+	}
+}
+
+// clockCollector reports this node's clock offset against each Redis
+// store's TIME at scrape time: the latest estimate of the store's clock
+// watcher (clock.go), absent until its first reading. Two stores of the
+// same name report the first one's.
+type clockCollector struct {
+	desc *prometheus.Desc
+}
+
+// Describe sends the gauge's description (prometheus.Collector).
+func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect sends each Redis store's clock offset (prometheus.Collector).
+func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
+	offsets := map[string]float64{}
+	storeRegistry.Range(func(_, v any) bool {
+		s := v.(*storeStats)
+		if r, ok := s.clock.offset(); ok {
+			if _, seen := offsets[s.name]; !seen {
+				offsets[s.name] = r.Offset.Seconds()
+			}
+		}
+		return true
+	})
+	for name, val := range offsets {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, val, name)
 	}
 }

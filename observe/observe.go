@@ -2,8 +2,10 @@
 // its decisions: placeholders for logs and headers, the rate_limit_exceeded
 // event, Prometheus metrics (metrics.go), the statistics of every zone and
 // store in the process (stats.go, counters.go, topkeys.go, latency.go), the
-// fleet view shared through Redis (fleet.go), and the admin API and
-// dashboard that serve them (admin.go, dashboard.go, document.go).
+// fleet view shared through Redis (fleet.go), the denial feed (feed.go,
+// feedapi.go, netmask.go), the node's clock offset against Redis
+// (clock.go), and the admin API and dashboard that serve them (admin.go,
+// dashboard.go, document.go).
 //
 // A handler feeds it through a Handler, made by New at Provision: Decided
 // for every decided request, Observer for the limiter's store calls, and
@@ -13,6 +15,7 @@ package observe
 
 import (
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -252,16 +255,22 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 
 // Decided records a request's decision: zones[i] (the handler's, from
 // Zone) decided reqs[i] with results[i], and outcome is the request's. It
-// sets the zones' placeholders, counts the metrics and stats, and emits the
-// rate_limit_exceeded event of each zone that denied. Call it on every
-// decided request, with every zone that applied, including those a cached
-// denial left unconsulted (their results are Unknown). r is the request
-// decided.
+// sets the zones' placeholders, counts the metrics and stats, records each
+// zone's denial (or dry-run zone's would-be denial) in the denial feed and
+// the top denied keys and networks, and emits the rate_limit_exceeded event
+// of each zone that denied. Call it on every decided request, with every
+// zone that applied, including those a cached denial left unconsulted
+// (their results are Unknown). r is the request decided.
 func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
-	var sec int64
+	var now time.Time
 	if h.store != nil {
-		sec = time.Now().Unix()
+		now = time.Now()
 	}
+	sec := now.Unix()
+	var (
+		ip       netip.Addr // the client's, once looked up
+		ipLooked bool
+	)
 	for i, z := range zones {
 		res := &results[i]
 		if !res.Unknown {
@@ -275,14 +284,47 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 		denied := o == limiter.Denied || o == limiter.LocalDenied || o == limiter.Banned
 		if st := z.stats; st != nil {
 			st.count(o, sec)
-			if denied {
-				st.top.add(reqs[i].Key, sec)
+			if denied || o == limiter.DryRunDenied {
+				if !ipLooked {
+					ip, ipLooked = clientAddr(r), true
+				}
+				h.recordDenial(r, z, &reqs[i], res, ip, now, denied)
 			}
 		}
 		if denied && h.events != nil && h.events.ShouldEmit(exceededEvent) {
 			h.emitExceeded(z, &reqs[i], res, o == limiter.LocalDenied)
 		}
 	}
+}
+
+// recordDenial records a zone's denial, or a dry-run zone's would-be
+// denial, of a request from ip at time now: in the store's denial feed,
+// and, if it denied, in the zone's top denied keys and networks.
+func (h *Handler) recordDenial(r *http.Request, z *Zone, req *limiter.Request, res *limiter.Result, ip netip.Addr, now time.Time, denied bool) {
+	st := z.stats
+	if denied {
+		sec := now.Unix()
+		st.top.add(req.Key, sec)
+		if k, ok := keyOfNetwork(ip); ok {
+			st.nets.addBytes(k.bytes(), sec)
+		}
+	}
+	dr := denialRequest{
+		at:     now,
+		zone:   z.name,
+		key:    req.Key,
+		method: r.Method,
+		host:   r.Host,
+		ip:     ip,
+		logKey: h.logKey,
+		digest: h.digest,
+		banned: res.Banned,
+		dryRun: res.DryRun,
+	}
+	if r.URL != nil {
+		dr.path = r.URL.Path
+	}
+	st.store.feed.record(&dr)
 }
 
 // emitExceeded emits the rate_limit_exceeded event of a zone's denial. Its

@@ -13,8 +13,10 @@ import (
 )
 
 // The statistics behind the admin API (admin.go): per zone, rolling
-// per-second counts of each outcome (counters.go) and the keys denied most
-// (topkeys.go); per store, latency (latency.go) and errors. All of it has a fixed size, whatever the traffic and
+// per-second counts of each outcome (counters.go) and the keys and client
+// networks denied most (topkeys.go); per store, latency (latency.go),
+// errors, the last denials (feed.go) and, for Redis, this node's clock
+// offset (clock.go). All of it has a fixed size, whatever the traffic and
 // however many clients there are.
 //
 // Why process-wide registries: the admin API module is provisioned by
@@ -90,6 +92,7 @@ type zoneStats struct {
 	hits   atomic.Uint64 // deny cache hits
 	ring   counterRing
 	top    *topKeys
+	nets   *topKeys // the denied clients' networks (networkKey)
 	series zoneSeries
 	dead   atomic.Bool
 
@@ -103,7 +106,7 @@ type zoneStats struct {
 // zoneRegistry.Delete(zoneKey{name, store.key}).
 func loadZoneStats(name string, store *storeStats) (*zoneStats, error) {
 	v, _, err := zoneRegistry.LoadOrNew(zoneKey{name, store.key}, func() (caddy.Destructor, error) {
-		z := &zoneStats{name: name, store: store, top: newTopKeys()}
+		z := &zoneStats{name: name, store: store, top: newTopKeys(), nets: newTopKeys()}
 		z.series = claimZoneSeries(name)
 		if store.fleet != nil {
 			store.fleet.link(z)
@@ -178,7 +181,8 @@ type storeError struct {
 
 // storeStats are one store's statistics, shared by every handler using that
 // store (see storeRegistry). A Redis store's stats also run its fleet
-// reporter (fleet.go).
+// reporter (fleet.go), its denial feed's writer (feed.go) and its clock
+// watcher (clock.go).
 type storeStats struct {
 	key    string
 	name   string
@@ -189,6 +193,11 @@ type storeStats struct {
 	last   atomic.Pointer[storeError]
 	series storeSeries
 	fleet  *fleetReporter
+	feed   *denialFeed
+	writer *feedWriter   // nil for the memory store
+	clock  *clockWatcher // nil for the memory store
+	// feedRead is the last read of a Redis store's denial streams.
+	feedRead feedRead
 }
 
 // loadStoreStats takes a reference to a store's stats; release it with
@@ -199,8 +208,11 @@ func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) 
 		s.redis, _ = store.(*limiter.RedisStore)
 		s.memory, _ = store.(*limiter.MemoryStore)
 		s.series = claimStoreSeries(name)
+		s.feed = newDenialFeed(s.redis != nil)
 		if s.redis != nil {
 			s.fleet = startFleetReporter(s)
+			s.writer = startFeedWriter(s)
+			s.clock = startClockWatcher(s.redis)
 		}
 		return s, nil
 	})
@@ -210,10 +222,17 @@ func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) 
 	return v.(*storeStats), nil
 }
 
-// Destruct stops the fleet reporter and drops the store's metric series.
+// Destruct stops the fleet reporter, the feed's writer and the clock
+// watcher, and drops the store's metric series.
 func (s *storeStats) Destruct() error {
 	if s.fleet != nil {
 		s.fleet.stop()
+	}
+	if s.writer != nil {
+		s.writer.stop()
+	}
+	if s.clock != nil {
+		s.clock.stop()
 	}
 	releaseStoreSeries(s.name)
 	return nil

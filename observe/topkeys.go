@@ -7,14 +7,15 @@ import (
 	"sync"
 )
 
-// The top denied keys: a Space-Saving sketch (Metwally, Agrawal and El
-// Abbadi, 2005) of topPerShard counters in each of topShards shards, keys
-// spread over the shards by hash so that each shard's lock is rarely
-// contended and the shards' summaries never overlap. Space-Saving finds every
-// key denied more than 1/topPerShard of its shard's denials, with counts
-// that may be high by at most the reported error. Two generations of
-// topWindow seconds are kept, so the table shows who is denied now, not who
-// was an hour ago.
+// The top denied keys, and the top denied client networks (a second sketch
+// per zone, keyed by networkKey, see netmask.go): a Space-Saving sketch
+// (Metwally, Agrawal and El Abbadi, 2005) of topPerShard counters in each
+// of topShards shards, keys spread over the shards by hash so that each
+// shard's lock is rarely contended and the shards' summaries never overlap.
+// Space-Saving finds every key denied more than 1/topPerShard of its
+// shard's denials, with counts that may be high by at most the reported
+// error. Two generations of topWindow seconds are kept, so the table shows
+// who is denied now, not who was an hour ago.
 const (
 	topShards   = 8
 	topPerShard = 32
@@ -49,7 +50,27 @@ func newTopKeys() *topKeys { return &topKeys{seed: maphash.MakeSeed()} }
 
 // add counts one denial of key at unix second sec.
 func (t *topKeys) add(key string, sec int64) {
-	sh := &t.shards[maphash.String(t.seed, key)%topShards]
+	sh := t.lock(maphash.String(t.seed, key), sec)
+	sh.cur.add(key)
+	sh.mu.Unlock()
+}
+
+// addBytes counts one denial of the key spelt by key's bytes at unix
+// second sec. It allocates only when the sketch takes the key in.
+func (t *topKeys) addBytes(key []byte, sec int64) {
+	sh := t.lock(maphash.Bytes(t.seed, key), sec)
+	if i, ok := sh.cur.idx[string(key)]; ok {
+		sh.cur.items[i].count++
+	} else {
+		sh.cur.insert(string(key))
+	}
+	sh.mu.Unlock()
+}
+
+// lock locks and returns the shard of a key's hash, its generations moved
+// on to unix second sec.
+func (t *topKeys) lock(hash uint64, sec int64) *topShard {
+	sh := &t.shards[hash%topShards]
 	epoch := sec / topWindow
 	sh.mu.Lock()
 	if epoch > sh.epoch {
@@ -61,8 +82,7 @@ func (t *topKeys) add(key string, sec int64) {
 		sh.cur.reset()
 		sh.epoch = epoch
 	}
-	sh.cur.add(key)
-	sh.mu.Unlock()
+	return sh
 }
 
 func (s *spaceSaving) reset() {
@@ -76,12 +96,16 @@ func (s *spaceSaving) add(key string) {
 		s.items[i].count++
 		return
 	}
+	// The key may point into a request's memory: keep a copy.
+	s.insert(strings.Clone(key))
+}
+
+// insert takes in a key the sketch does not hold, which it keeps as it is.
+func (s *spaceSaving) insert(k string) {
 	if s.idx == nil {
 		s.idx = make(map[string]int, topPerShard)
 		s.items = make([]topItem, 0, topPerShard)
 	}
-	// The key may point into a request's memory: keep a copy.
-	k := strings.Clone(key)
 	if len(s.items) < topPerShard {
 		s.idx[k] = len(s.items)
 		s.items = append(s.items, topItem{key: k, count: 1})

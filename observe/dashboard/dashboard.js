@@ -1,9 +1,14 @@
-// The rate limit dashboard: polls stats once a second and draws what it
-// says. No library, nothing from another origin. Every value from the stats
-// goes into the page as text (client keys, with log_key, are client input).
+// The rate limit dashboard: polls stats and the denial feed once a second
+// and draws what they say. No library, nothing from another origin. Every
+// value from them goes into the page as text (client keys with log_key,
+// hosts and paths are client input).
 "use strict";
 
 const POLL_MS = 1000;
+const FEED_ROWS = 50;
+// CLOCK_WARN_MS is the clock offset the store card flags, as the alert
+// docs/observability.md suggests.
+const CLOCK_WARN_MS = 50;
 const SVG = "http://www.w3.org/2000/svg";
 
 function el(tag, attrs, ...children) {
@@ -117,16 +122,21 @@ class ZoneCard {
     this.fleetError = el("div", { class: "fleet-error" });
     this.topBody = el("tbody");
     this.topTitle = el("h3", {}, "Top denied keys");
+    this.netsBody = el("tbody");
+    this.netsTitle = el("h3", {}, "Top denied networks");
     const legend = () => el("div", { class: "legend" }, el("span", { class: "a" }, "allowed"), " ", el("span", { class: "d" }, "denied"), " per second");
     this.fleetPanel = el("div", { class: "panel fleet" }, this.fleetTitle, this.fleetRates, this.fleetChart.root, this.fleetError, legend());
-    const table = el("table", { class: "top" },
+    const table = el("table", { class: "list top" },
       el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "key"), el("th", { class: "n" }, "denied"))),
       this.topBody);
+    const nets = el("table", { class: "list nets" },
+      el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "network"), el("th", { class: "n" }, "denied"))),
+      this.netsBody);
     this.root.append(this.title, this.rule,
       el("div", { class: "panels" },
         el("div", { class: "panel local" }, el("h3", {}, "This node"), this.localRates, this.localChart.root, legend()),
         this.fleetPanel,
-        el("div", { class: "panel top" }, this.topTitle, table)));
+        el("div", { class: "panel top" }, this.topTitle, table, this.netsTitle, nets)));
   }
 
   // update shows z; shared says another zone of its name is shown (on
@@ -159,6 +169,15 @@ class ZoneCard {
       el("td", { class: "n", title: k.error ? `may be over by up to ${k.error}` : "exact" }, String(k.denied) + (k.error ? ` ±${k.error}` : ""))));
     if (rows.length === 0) rows.push(el("tr", { class: "none" }, el("td", { colspan: "3" }, "nobody denied")));
     this.topBody.replaceChildren(...rows);
+
+    const tn = z.top_networks || { since: z.top_denied.since, networks: [] };
+    this.netsTitle.textContent = `Top denied networks since ${new Date(tn.since * 1000).toLocaleTimeString()}`;
+    const netRows = tn.networks.map((n, i) => el("tr", {},
+      el("td", {}, String(i + 1)),
+      el("td", { class: "key" }, n.network),
+      el("td", { class: "n", title: n.error ? `may be over by up to ${n.error}` : "exact" }, String(n.denied) + (n.error ? ` ±${n.error}` : ""))));
+    if (netRows.length === 0) netRows.push(el("tr", { class: "none" }, el("td", { colspan: "3" }, "no network denied")));
+    this.netsBody.replaceChildren(...netRows);
   }
 }
 
@@ -169,9 +188,16 @@ function fmtBytes(n) {
   return n + " B";
 }
 
+// fmtOffset shows a clock offset in milliseconds, signed.
+function fmtOffset(ms) {
+  const sign = ms > 0 ? "+" : ms < 0 ? "−" : "";
+  const a = Math.abs(ms);
+  return sign + (a >= 100 ? a.toFixed(0) : a >= 1 ? a.toFixed(1) : a.toFixed(2)) + " ms";
+}
+
 function storeCard(s) {
   const kv = el("div", { class: "kv" });
-  const add = (k, v) => kv.append(el("span", {}, k + " ", el("b", {}, v)));
+  const add = (k, v, cls) => kv.append(el("span", {}, k + " ", el("b", cls ? { class: cls } : {}, v)));
   if (s.kind === "redis") {
     add("breaker", s.breaker);
     add("calls", fmtRate(s.calls_per_second) + "/s");
@@ -187,6 +213,11 @@ function storeCard(s) {
     add("out of memory", String(s.errors.oom || 0));
     add("auth", String(s.errors.auth || 0));
     add("failures", String(s.errors.error));
+    if (s.clock) {
+      const warn = Math.abs(s.clock.offset_ms) > CLOCK_WARN_MS;
+      kv.append(el("span", { class: "clock", title: `Redis' clock minus this node's (negative: this node is ahead), within ±${fmtMs(s.clock.round_trip_ms / 2)}` },
+        "clock offset ", el("b", warn ? { class: "warn" } : {}, fmtOffset(s.clock.offset_ms))));
+    }
     const m = s.memory;
     if (m) {
       add("memory", fmtBytes(m.used_bytes) + (m.max_bytes ? " of " + fmtBytes(m.max_bytes) : " (no maxmemory)"));
@@ -208,7 +239,34 @@ function storeCard(s) {
   if (s.fleet && s.fleet.last_error) {
     card.append(el("div", { class: "lasterror" }, "fleet view: " + s.fleet.last_error.message));
   }
+  if (s.feed && s.feed.last_error) {
+    card.append(el("div", { class: "lasterror" }, "denial feed: " + s.feed.last_error.message));
+  }
   return card;
+}
+
+// renderFeed shows the denial feed: the fleet's (from Redis) or this
+// node's own denials, newest first.
+function renderFeed(feed) {
+  const sources = feed.stores.map(s => s.source === "fleet" ? `fleet (${s.name})` : `this node (${s.name})`);
+  document.getElementById("feed-source").textContent = sources.length ? "· " + sources.join(", ") : "";
+  document.getElementById("feed-error").textContent = feed.stores.filter(s => s.error)
+    .map(s => `${s.name}: ${s.error}; showing this node's own denials`).join(" · ");
+  const rows = feed.denials.map(d => {
+    const flags = el("td", {});
+    if (d.banned) flags.append(el("span", { class: "flag" }, "banned"));
+    if (d.dry_run) flags.append(el("span", { class: "flag dry" }, "dry run"));
+    return el("tr", { class: "denial", "data-node": d.node, "data-zone": d.zone },
+      el("td", { class: "n", title: new Date(d.time).toISOString() }, new Date(d.time).toLocaleTimeString()),
+      el("td", {}, d.zone),
+      el("td", { class: "mono" }, d.client_ip || "?"),
+      el("td", { class: "key", title: d.key ? "key" : "key digest" }, d.key || d.key_digest),
+      el("td", { class: "req" }, `${d.method} ${d.host}${d.path}`),
+      el("td", { class: "mono" }, d.node),
+      flags);
+  });
+  if (rows.length === 0) rows.push(el("tr", { class: "none" }, el("td", { colspan: "7" }, "nothing denied lately")));
+  document.getElementById("feed-rows").replaceChildren(...rows);
 }
 
 const cards = new Map();
@@ -243,12 +301,26 @@ function render(stats) {
   document.getElementById("empty").hidden = stats.zones.length > 0;
 }
 
+// pollFeed reads the denial feed; a failure shows in its section and does
+// not stop the stats.
+async function pollFeed() {
+  try {
+    const resp = await fetch(`denials?limit=${FEED_ROWS}`, { cache: "no-store" });
+    if (!resp.ok) throw new Error(`denials: HTTP ${resp.status}`);
+    renderFeed(await resp.json());
+  } catch (err) {
+    document.getElementById("feed-error").textContent = "denial feed unavailable: " + err.message;
+  }
+}
+
 async function poll() {
   const status = document.getElementById("status");
+  const feed = pollFeed();
   try {
     const resp = await fetch("stats", { cache: "no-store" });
     if (!resp.ok) throw new Error(`stats: HTTP ${resp.status}`);
     render(await resp.json());
+    await feed;
     document.body.dataset.updates = String(Number(document.body.dataset.updates) + 1);
     status.textContent = "live · " + new Date().toLocaleTimeString();
     status.className = "status live";

@@ -1,0 +1,169 @@
+package observe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+)
+
+// GET /rate_limit/denials: the denial feed. For each Redis store, the
+// fleet's denials, read from the zones' streams (feed.go samples them); for
+// the memory store, and for a Redis store that cannot be read, this node's
+// own. All of them merged, newest first.
+
+const (
+	// feedDefaultLimit is how many denials the feed lists unless asked.
+	feedDefaultLimit = 50
+	// feedReadCache is how long a read of a store's streams is reused, so
+	// that several open dashboards cost Redis one read a second.
+	feedReadCache = 900 * time.Millisecond
+)
+
+// denialsBody is the body of GET /rate_limit/denials.
+type denialsBody struct {
+	// Node is this node's id (host name/process id).
+	Node string `json:"node"`
+	// Time is when the feed was read.
+	Time time.Time `json:"time"`
+	// Stores say where the denials of each store come from.
+	Stores []denialsStore `json:"stores"`
+	// Denials are the newest denials, newest first.
+	Denials []denialJSON `json:"denials"`
+}
+
+// denialsStore says where a store's denials come from: "fleet" (the Redis
+// streams every node sends a sample to) or "node" (this node's own last
+// denials: the memory store, or a Redis store whose streams could not be
+// read, Error saying why).
+type denialsStore struct {
+	Name   string `json:"name"`
+	Source string `json:"source"`
+	Error  string `json:"error,omitempty"`
+}
+
+// denialJSON is one denial. Key is there only when the node that denied
+// the request has log_key; ClientIP is then the client's address, else its
+// network (/24 or /64).
+type denialJSON struct {
+	Time      time.Time `json:"time"`
+	Zone      string    `json:"zone"`
+	KeyDigest string    `json:"key_digest"`
+	Key       string    `json:"key,omitempty"`
+	Method    string    `json:"method"`
+	Host      string    `json:"host"`
+	Path      string    `json:"path"`
+	ClientIP  string    `json:"client_ip"`
+	Node      string    `json:"node"`
+	Banned    bool      `json:"banned"`
+	DryRun    bool      `json:"dry_run"`
+}
+
+func denialOf(d *limiter.Denial) denialJSON {
+	return denialJSON{
+		Time: d.Time, Zone: d.Zone, KeyDigest: d.KeyDigest, Key: d.Key,
+		Method: d.Method, Host: d.Host, Path: d.Path, ClientIP: d.ClientIP,
+		Node: d.Node, Banned: d.Banned, DryRun: d.DryRun,
+	}
+}
+
+// feedRead is a Redis store's last read of its streams (see feedReadCache).
+type feedRead struct {
+	mu  sync.Mutex
+	key string
+	at  time.Time
+	ds  []limiter.Denial
+	err error
+}
+
+// readFeed returns the store's fleet denials of zones, reusing a read
+// younger than feedReadCache.
+func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([]limiter.Denial, error) {
+	key := fmt.Sprint(zones, limit)
+	r := &s.feedRead
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if key == r.key && time.Since(r.at) < feedReadCache {
+		return r.ds, r.err
+	}
+	ctx, cancel := context.WithTimeout(ctx, feedTimeout)
+	defer cancel()
+	r.ds, r.err = s.redis.ReadDenials(ctx, zones, limit)
+	r.key, r.at = key, time.Now()
+	return r.ds, r.err
+}
+
+// collectDenials gathers the feed of every store in the process: up to
+// limit denials of the zone named (of every zone if zone is ""), newest
+// first.
+func collectDenials(ctx context.Context, now time.Time, zone string, limit int) *denialsBody {
+	out := &denialsBody{Node: nodeID, Time: now, Stores: []denialsStore{}, Denials: []denialJSON{}}
+	zonesOf := map[*storeStats][]string{}
+	zoneRegistry.Range(func(_, v any) bool {
+		z := v.(*zoneStats)
+		if !z.dead.Load() && (zone == "" || z.name == zone) {
+			zonesOf[z.store] = append(zonesOf[z.store], z.name)
+		}
+		return true
+	})
+	var stores []*storeStats
+	storeRegistry.Range(func(_, v any) bool {
+		stores = append(stores, v.(*storeStats))
+		return true
+	})
+	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
+	var all []limiter.Denial
+	for _, s := range stores {
+		src := denialsStore{Name: s.name, Source: "node"}
+		if s.redis != nil {
+			names := zonesOf[s]
+			sort.Strings(names)
+			ds, err := s.readFeed(ctx, names, limit)
+			if err == nil {
+				src.Source = "fleet"
+				all = append(all, ds...)
+				out.Stores = append(out.Stores, src)
+				continue
+			}
+			src.Error = err.Error()
+			if errors.Is(err, context.DeadlineExceeded) {
+				src.Error = "redis did not answer in time"
+			}
+		}
+		all = append(all, s.feed.recent(zone, limit)...)
+		out.Stores = append(out.Stores, src)
+	}
+	// Each store's denials are newest first already: merged by time.
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.After(all[j].Time) })
+	for i := range all[:min(len(all), limit)] {
+		out.Denials = append(out.Denials, denialOf(&all[i]))
+	}
+	return out
+}
+
+// serveDenials answers GET /rate_limit/denials?zone=NAME&limit=N (limit 1
+// to limiter.DenialStreamLength, default feedDefaultLimit).
+func serveDenials(w http.ResponseWriter, r *http.Request) (int, error) {
+	q := r.URL.Query()
+	limit := feedDefaultLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > limiter.DenialStreamLength {
+			return http.StatusBadRequest, fmt.Errorf("limit must be 1 to %d denials", limiter.DenialStreamLength)
+		}
+		limit = n
+	}
+	body, err := json.Marshal(collectDenials(r.Context(), time.Now(), q.Get("zone"), limit))
+	if err != nil {
+		return http.StatusInternalServerError, err
+	}
+	writeJSON(w, r, body)
+	return 0, nil
+}
