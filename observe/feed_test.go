@@ -278,3 +278,26 @@ func TestNetworkKeys(t *testing.T) {
 		t.Error("a key of no network reads as one")
 	}
 }
+
+// BenchmarkRecordDenial is the request path's cost of a denial: the feed's
+// ring, the sample for Redis and the top networks, from every core at once.
+func BenchmarkRecordDenial(b *testing.B) {
+	f := newDenialFeed(true)
+	nets := newTopKeys()
+	go func() {
+		for range f.queue {
+		}
+	}()
+	b.Cleanup(func() { close(f.queue) })
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := testDenial("z", "sk_live_0123456789", "192.0.2.1", time.Now(), false)
+		for pb.Next() {
+			req.at = time.Now()
+			f.record(req)
+			if k, ok := keyOfNetwork(req.ip); ok {
+				nets.addBytes(k.bytes(), req.at.Unix())
+			}
+		}
+	})
+}

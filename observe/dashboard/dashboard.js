@@ -123,7 +123,7 @@ class ZoneCard {
     this.topBody = el("tbody");
     this.topTitle = el("h3", {}, "Top denied keys");
     this.netsBody = el("tbody");
-    this.netsTitle = el("h3", {}, "Top denied networks");
+    this.netsTitle = el("h3", { class: "nets-title" }, "Top denied networks");
     const legend = () => el("div", { class: "legend" }, el("span", { class: "a" }, "allowed"), " ", el("span", { class: "d" }, "denied"), " per second");
     this.fleetPanel = el("div", { class: "panel fleet" }, this.fleetTitle, this.fleetRates, this.fleetChart.root, this.fleetError, legend());
     const table = el("table", { class: "list top" },
@@ -257,7 +257,7 @@ function renderFeed(feed) {
     if (d.banned) flags.append(el("span", { class: "flag" }, "banned"));
     if (d.dry_run) flags.append(el("span", { class: "flag dry" }, "dry run"));
     return el("tr", { class: "denial", "data-node": d.node, "data-zone": d.zone },
-      el("td", { class: "n", title: new Date(d.time).toISOString() }, new Date(d.time).toLocaleTimeString()),
+      el("td", { title: new Date(d.time).toISOString() }, new Date(d.time).toLocaleTimeString()),
       el("td", {}, d.zone),
       el("td", { class: "mono" }, d.client_ip || "?"),
       el("td", { class: "key", title: d.key ? "key" : "key digest" }, d.key || d.key_digest),
