@@ -2,7 +2,10 @@ package fleetlimit
 
 import (
 	"errors"
+	"net/http"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -68,4 +71,20 @@ func (z *Zone) unmarshalBan(d *caddyfile.Dispenser) error {
 		return d.Errf("zone %q: %v", z.Name, err)
 	}
 	return nil
+}
+
+// logBanStarts logs, at info, each ban that a request's denial started (a
+// dry run's would-be ban is logged with its would-be denial).
+func (h *Handler) logBanStarts(r *http.Request, reqs []limiter.Request, zones []*Zone, results []limiter.Result) {
+	for i := range results {
+		res := &results[i]
+		if !res.BanStarted || res.DryRun {
+			continue
+		}
+		if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
+			ban := reqs[i].Rule.Ban()
+			ce.Write(zap.String("zone", zones[i].Name), h.keyField(reqs[i].Key), zap.String("remote_ip", remoteIP(r)),
+				zap.Duration("duration", ban.Duration), zap.Int64("after", ban.After), zap.Duration("window", ban.Window))
+		}
+	}
 }

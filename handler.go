@@ -264,6 +264,7 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	// Before shown() drops the zones a cached denial left unconsulted.
 	h.obs.Decided(r, repl, outcome, obs, reqs, results)
 	h.logDryRuns(r, reqs, zones, results)
+	h.logBanStarts(r, reqs, zones, results)
 	switch outcome {
 	case limiter.FailedOpen:
 		return true, nil

@@ -275,7 +275,11 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 		res := &results[i]
 		if !res.Unknown {
 			repl.Set(z.remainingKey, res.Remaining)
-			repl.Set(z.limitKey, z.limit)
+			if reqs[i].Rule == z.rule {
+				repl.Set(z.limitKey, z.limit)
+			} else { // a rule from placeholders (tiers)
+				repl.Set(z.limitKey, reqs[i].Rule.Rate())
+			}
 		}
 		o, ok := zoneOutcome(outcome, z.rule, res)
 		if !ok {
@@ -293,6 +297,12 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 		}
 		if denied && h.events != nil && h.events.ShouldEmit(exceededEvent) {
 			h.emitExceeded(z, &reqs[i], res, o == limiter.LocalDenied)
+		}
+		if o == limiter.DryRunDenied && h.events != nil && h.events.ShouldEmit(dryRunEvent) {
+			h.emitPolicyEvent(dryRunEvent, z, &reqs[i], res)
+		}
+		if res.BanStarted && h.events != nil && h.events.ShouldEmit(bannedEvent) {
+			h.emitPolicyEvent(bannedEvent, z, &reqs[i], res)
 		}
 	}
 }
