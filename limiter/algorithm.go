@@ -285,9 +285,11 @@ func (r *Rule) algResult(v verdict, charged bool, cost int64) Result {
 // those whose state is a time relative to now (token and leaky bucket).
 // Window states are tied to the store's clock, which a node cannot read;
 // slots can be freed at any moment; a dry run denies nothing; a zone whose
-// charges are refunded can become fuller than the cache knows.
+// charges are refunded can become fuller than the cache knows; a zone with
+// a ban counts every denial in the store (a denial the cache answered
+// would count towards no ban): the cache holds its bans instead.
 func (r *Rule) cacheable() bool {
-	return (r.alg == TokenBucket || r.alg == LeakyBucket) && !r.dryRun && !r.refunds
+	return (r.alg == TokenBucket || r.alg == LeakyBucket) && !r.dryRun && !r.refunds && !r.ban.enabled()
 }
 
 // windowState packs a window algorithm's state: the index of the current

@@ -98,7 +98,8 @@ type Store interface {
 	// Refund gives back what Decide charged the zones of reqs (results
 	// are what Decide returned for them): a charge that a zone does not
 	// count after all, or a concurrency zone's slot when its request
-	// ends.
+	// ends. A zone whose result is DryRun was not charged and gets
+	// nothing back.
 	Refund(ctx context.Context, reqs []Request, results []Result) error
 }
 
@@ -283,7 +284,8 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 type breakered interface{ Breaker() *Breaker }
 
 // fail applies the zones' failure policies to a request the store could
-// not decide: deny wins over local, local over allow.
+// not decide: deny wins over local, local over allow. A dry-run zone
+// denies nothing, so its deny policy fails nothing closed.
 func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
 	if !errors.Is(err, ErrBreakerOpen) {
@@ -294,7 +296,7 @@ func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, er
 	for i := range reqs {
 		switch reqs[i].Rule.onError {
 		case PolicyDeny:
-			deny = true
+			deny = deny || !reqs[i].Rule.dryRun
 		case PolicyLocal:
 			local = local || reqs[i].Rule.local != nil
 		}
@@ -307,7 +309,7 @@ func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, er
 			retry = max(retry, b.Breaker().RetryAfter())
 		}
 		for i := range reqs {
-			if reqs[i].Rule.onError == PolicyDeny {
+			if reqs[i].Rule.onError == PolicyDeny && !reqs[i].Rule.dryRun {
 				results[i] = Result{RetryAfter: retry, Unknown: true}
 			}
 		}
@@ -319,7 +321,8 @@ func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, er
 }
 
 // decideLocal decides the zones with the local policy on this node's
-// fallback buckets; the other zones stay Unknown.
+// fallback buckets (each request as it is, reserve included, on the local
+// rule); the other zones stay Unknown.
 func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Result) Outcome {
 	var reqBuf [8]Request
 	var resBuf [8]Result
@@ -333,7 +336,9 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
 			local, divisor := r.localFor(view)
 			l.logFallback(r, divisor)
-			lreqs = append(lreqs, Request{Rule: local, Key: reqs[i].Key, Cost: reqs[i].Cost})
+			q := reqs[i]
+			q.Rule = local
+			lreqs = append(lreqs, q)
 			idx = append(idx, i)
 		}
 	}

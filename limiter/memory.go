@@ -191,11 +191,12 @@ func (s *MemoryStore) commit(sh *shard, id bucketID, r *Rule, v verdict, now, co
 // Refund implements Store: it gives back what Decide charged the zones of
 // reqs, which results (Decide's) says were charged at which time. A
 // window gives back only what the window that counted the charge still
-// counts; a concurrency zone frees the request's slot.
+// counts; a concurrency zone frees the request's slot. A dry-run zone that
+// would have denied was not charged: it gets nothing back.
 func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result) error {
 	for i := range reqs {
 		r, cost := reqs[i].Rule, reqs[i].Cost
-		if cost <= 0 {
+		if cost <= 0 || results[i].DryRun {
 			continue
 		}
 		id := s.hash.id(r.bucket, reqs[i].Key)
@@ -243,13 +244,15 @@ func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
 // would have been full again soonest among those sampled, that is the one
 // that lacks the least time of refill; a bucket that a client keeps
 // draining (a limited hot key) is far from full and is not chosen while
-// fresher ones are there.
+// fresher ones are there. A concurrency key's slots, held until released,
+// are never full: they are taken only when the sample holds nothing else
+// (the key's client may then have more requests in flight).
 func (sh *shard) evict(now int64) (zone uint32, lost bool) {
 	var victim bucketID
-	best, n, isLog := int64(math.MaxInt64), 0, false
+	best, n, isLog, found := int64(math.MaxInt64), 0, false, false
 	for id, e := range sh.m {
-		if e.expires < best {
-			victim, best = id, e.expires
+		if !found || e.expires < best {
+			victim, best, found = id, e.expires, true
 		}
 		if n++; n == evictionSamples || best <= now {
 			break
@@ -258,15 +261,15 @@ func (sh *shard) evict(now int64) (zone uint32, lost bool) {
 	if best > now {
 		n = 0
 		for id, lb := range sh.logs {
-			if lb.expires < best {
-				victim, best, isLog = id, lb.expires, true
+			if !found || lb.expires < best {
+				victim, best, isLog, found = id, lb.expires, true, true
 			}
 			if n++; n == evictionSamples/2 || best <= now {
 				break
 			}
 		}
 	}
-	if best == math.MaxInt64 {
+	if !found {
 		return 0, false // an empty shard: nothing to evict
 	}
 	if isLog {

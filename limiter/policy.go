@@ -81,20 +81,30 @@ func (r *Rule) setFailurePolicy(p Policy, fleetSize int64) error {
 	return nil
 }
 
-// localRule builds the rule of a local bucket for a fleet of n nodes.
+// localRule builds the rule of a local bucket for a fleet of n nodes. It
+// is a dry run when the zone is.
 func (r *Rule) localRule(n int64) (*Rule, error) {
 	// Buckets: the same tokens over a period n times longer.
 	// Windows: the window stays, the count is divided.
+	// Concurrency: the lease stays, the slots are divided.
 	rate, per := r.rate, r.per*time.Duration(n)
-	if r.alg.windowed() {
+	if r.alg.windowed() || r.alg == Concurrency {
 		rate, per = max(1, r.rate/n), r.per
 	}
 	cfg := RuleConfig{Name: r.name + "#local", Algorithm: r.alg, Rate: rate, Per: per,
 		MaxDelay: time.Duration(r.maxDelayUS) * time.Microsecond}
-	if !r.alg.windowed() {
+	switch {
+	case r.alg == Concurrency:
+		cfg.Lease = r.per
+	case !r.alg.windowed():
 		cfg.Burst = max(1, r.burst/n)
 	}
-	return compileRule(cfg)
+	local, err := compileRule(cfg)
+	if err != nil {
+		return nil, err
+	}
+	local.dryRun = r.dryRun
+	return local, nil
 }
 
 // maxFleetDivisor bounds the fleet size a fleet view can set: the local

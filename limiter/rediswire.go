@@ -22,7 +22,7 @@ func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []i
 		q := &reqs[i]
 		c.keys = append(c.keys, s.Key(q.Rule.bucket, q.Key))
 		c.rules = append(c.rules, q.Rule)
-		c.costs = append(c.costs, q.Cost)
+		c.costs = append(c.costs, zoneCost(q, done, i))
 		c.aux = append(c.aux, zoneAux(q, done, i))
 	}
 	if idx == nil {
@@ -34,6 +34,16 @@ func (s *RedisStore) fill(c *call, script *redis.Script, reqs []Request, idx []i
 			add(i)
 		}
 	}
+}
+
+// zoneCost returns the cost argument of zone i of a script call: the
+// request's cost, except in the refund of a dry-run zone that would have
+// denied, which charged nothing (0: the refund script skips the zone).
+func zoneCost(q *Request, done []Result, i int) int64 {
+	if done != nil && done[i].DryRun {
+		return 0
+	}
+	return q.Cost
 }
 
 // zoneAux returns the aux argument of zone i of a script call: the slot's

@@ -25,10 +25,11 @@ func (r *Rule) refund(e memEntry, now, cost, at int64) (st State, expires int64,
 		default:
 			return e.state, e.expires, true
 		}
-		if r.alg == FixedWindow {
-			prev = 0
+		expires := now + 2*r.windowUS - elapsed
+		if r.alg == FixedWindow { // counts nothing after its window
+			prev, expires = 0, now+r.windowUS-elapsed
 		}
-		return r.windowState(now, prev, curr), now + 2*r.windowUS - elapsed, true
+		return r.windowState(now, prev, curr), expires, true
 	case Concurrency:
 		held := int64(e.state) - cost
 		return State(held), e.expires, held > 0

@@ -128,7 +128,8 @@ type RuleConfig struct {
 	// results carry DryRun where it would have denied.
 	DryRun bool
 	// Ban bans, for Ban.Duration, a key that the zone denied Ban.After
-	// times within Ban.Window. Default: no bans.
+	// times within Ban.Window. Every denial counts, so a deny cache holds
+	// none of the zone's buckets, only its bans. Default: no bans.
 	Ban Ban
 	// Refunds says that the zone's charges may be given back
 	// (Limiter.Refund; count_status). A deny cache then holds none of its
@@ -138,10 +139,10 @@ type RuleConfig struct {
 	// FleetSize is, under PolicyLocal, how many nodes share the limit:
 	// each node's fallback bucket gets the rate divided by it (for the
 	// buckets exactly: the same tokens over a period FleetSize times
-	// longer; for the windows, the count per window) and the burst
-	// divided by it, at least 1. Default 0: the limiter's fleet view
-	// tells it (see Options.FleetSize), 1 when it has none. Must not be
-	// negative; ignored by the other policies.
+	// longer; for the windows, the count per window; for concurrency,
+	// the slots) and the burst divided by it, at least 1. Default 0: the
+	// limiter's fleet view tells it (see Options.FleetSize), 1 when it
+	// has none. Must not be negative; ignored by the other policies.
 	FleetSize int64
 }
 

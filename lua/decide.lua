@@ -23,8 +23,9 @@
 --                  rate algorithms, in the algorithm's units) or the
 --                  slot's id (concurrency)
 -- KEYS             the buckets of the batch, each once. A zone with a ban
---                  also uses <bucket>!ban and <bucket>!den, in the bucket's
---                  Cluster slot (the hash tag is the bucket's).
+--                  also uses <bucket>!ban ("end:start:denials") and
+--                  <bucket>!den ("denials:end"), in the bucket's Cluster
+--                  slot (the hash tag is the bucket's).
 --
 -- Returns, request after request, {admitted (1|0), the time (us), then four
 -- numbers per zone: flag and three the zone's algorithm reports (r1..r3)},
@@ -59,12 +60,24 @@ end
 
 -- denied counts a denial of the bucket at key under rule, and starts its
 -- ban (only reports it, in a dry run) when it is the rule's n-th within
--- its window. It returns 4 when a ban started, else 0.
+-- its window. It returns 4 when a ban started, else 0. The count is kept
+-- as "denials:end" (the end of its window, in the script's time): the
+-- key's TTL only collects it, so that the window is counted on the same
+-- clock as everything else (and as limiter/membans.go counts it).
 local function denied(key, rule)
   local dk = key .. '!den'
-  local n = call('INCR', dk)
-  if n == 1 then call('PEXPIRE', dk, ceil_div(rule[9], 1000)) end
-  if n < rule[8] then return 0 end
+  local n, e = 0, now + rule[9]
+  local d = call('GET', dk)
+  if d then
+    local dn, de = match(d, '^(%d+):(%d+)$')
+    dn, de = tonumber(dn), tonumber(de)
+    if dn and de and de > now then n, e = dn, de end
+  end
+  n = n + 1
+  if n < rule[8] then
+    call('SET', dk, format('%d:%d', n, e), 'PX', ceil_div(e - now, 1000))
+    return 0
+  end
   call('DEL', dk)
   if rule[6] % 2 == 0 then
     call('SET', key .. '!ban', format('%d:%d:%d', now + rule[7], now, n), 'PX', ceil_div(rule[7], 1000))
