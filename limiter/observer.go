@@ -14,6 +14,10 @@ type Observer interface {
 	// CacheDenied reports a request that the deny cache denied without
 	// asking the store; rule is the zone whose cached bucket denied it.
 	CacheDenied(rule *Rule)
+	// Refunded reports a zone's refund (Limiter.Refund: a count_status
+	// charge given back, a concurrency slot released): err is nil when
+	// the store applied it, else why it was dropped.
+	Refunded(rule *Rule, err error)
 }
 
 // NumOutcomes is how many Outcome values there are: arrays indexed by

@@ -10,10 +10,19 @@ import (
 
 // recorder is an Observer that keeps what it was told.
 type recorder struct {
-	mu     sync.Mutex
-	calls  []error
-	took   []time.Duration
-	denied []*Rule
+	mu       sync.Mutex
+	calls    []error
+	took     []time.Duration
+	denied   []*Rule
+	refunds  []error
+	refunded []*Rule
+}
+
+func (r *recorder) Refunded(rule *Rule, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refunds = append(r.refunds, err)
+	r.refunded = append(r.refunded, rule)
 }
 
 func (r *recorder) StoreDecided(took time.Duration, err error) {
@@ -99,5 +108,42 @@ func TestNoObserverNoClock(t *testing.T) {
 	l := New(slowStore{}, Options{})
 	if !l.observeStart().IsZero() {
 		t.Fatal("observeStart read the clock without an observer")
+	}
+}
+
+// TestObserverRefunds: a refund is reported per zone, applied when the
+// store takes it back, dropped (with the store's error) when it fails.
+func TestObserverRefunds(t *testing.T) {
+	rule, err := NewRule(RuleConfig{Name: "login", Rate: 5, Per: time.Minute, Refunds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := NewMemoryStore(MemoryOptions{})
+	defer mem.Close()
+	rec := &recorder{}
+	l := New(mem, Options{Observer: rec})
+	reqs := []Request{{Rule: rule, Key: "k", Cost: 1}}
+	res := make([]Result, 1)
+	if out := l.Decide(context.Background(), reqs, res); out != Allowed || res[0].Remaining != 4 {
+		t.Fatalf("decide: %v %+v", out, res[0])
+	}
+	if err := l.Refund(context.Background(), Allowed, reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	again := make([]Result, 1)
+	if l.Decide(context.Background(), reqs, again); again[0].Remaining != 4 {
+		t.Fatalf("after the refund the bucket holds %d, want 4 again (5, less this request)", again[0].Remaining)
+	}
+	down := New(failingStore{}, Options{Observer: rec})
+	if err := down.Refund(context.Background(), Allowed, reqs, res); err == nil {
+		t.Fatal("a failing store's refund reported no error")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.refunds) != 2 || rec.refunds[0] != nil || rec.refunds[1] == nil || rec.refunded[0] != rule {
+		t.Fatalf("observer saw refunds %v for %v, want one applied then one dropped for the rule", rec.refunds, rec.refunded)
+	}
+	if asked, lost := down.Refunds(); asked != 1 || lost != 1 {
+		t.Fatalf("Refunds() = %d asked, %d lost; want 1, 1", asked, lost)
 	}
 }

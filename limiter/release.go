@@ -60,6 +60,11 @@ func (l *Limiter) Refund(ctx context.Context, outcome Outcome, reqs []Request, r
 	if err != nil {
 		l.refundsLost.Add(1)
 	}
+	if l.obs != nil {
+		for i := range reqs {
+			l.obs.Refunded(reqs[i].Rule, err)
+		}
+	}
 	return err
 }
 

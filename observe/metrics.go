@@ -27,10 +27,12 @@ import (
 //	caddy_rate_limit_breaker_open{store}                   gauge
 //	caddy_rate_limit_evictions_total{zone}                 counter
 //	caddy_rate_limit_clock_offset_seconds{store}           gauge
+//	caddy_rate_limit_refunds_total{zone,result}            counter
 //
 // outcome is one of allowed, denied, failed_open, failed_closed,
-// local_allowed, local_denied (see zoneOutcome); reason is one of timeout,
-// breaker_open, oom, auth, error.
+// local_allowed, local_denied, banned, dry_run_denied (see zoneOutcome);
+// reason is one of timeout, breaker_open, oom, auth, error; a refund's
+// result is applied or dropped.
 
 const (
 	metricsNamespace = "caddy"
@@ -65,6 +67,7 @@ var metrics = struct {
 	once          sync.Once
 	decisions     *prometheus.CounterVec
 	cacheHits     *prometheus.CounterVec
+	refunds       *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	breaker       *breakerCollector
@@ -84,8 +87,14 @@ func initMetrics() {
 			Namespace: metricsNamespace,
 			Subsystem: metricsSubsystem,
 			Name:      "decisions_total",
-			Help:      "Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied.",
+			Help:      "Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied, banned, dry_run_denied.",
 		}, []string{"zone", "outcome"})
+		metrics.refunds = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Subsystem: metricsSubsystem,
+			Name:      "refunds_total",
+			Help:      "Charges given back after the response, per zone (count_status refunds, concurrency slots released), by result: applied, or dropped because the store failed (the charge stays).",
+		}, []string{"zone", "result"})
 		metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricsNamespace,
 			Subsystem: metricsSubsystem,
@@ -127,7 +136,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits,
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits, metrics.refunds,
 		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -144,7 +153,16 @@ func registerMetrics(reg *prometheus.Registry) error {
 type zoneSeries struct {
 	decisions [limiter.NumOutcomes]prometheus.Counter
 	cacheHits prometheus.Counter
+	refunds   [2]prometheus.Counter // by refundApplied, refundDropped
 }
+
+// The results of a refund, as labelled.
+const (
+	refundApplied = iota
+	refundDropped
+)
+
+var refundResults = [2]string{"applied", "dropped"}
 
 // claimZoneSeries returns the zone's series, counting one more user.
 func claimZoneSeries(zone string) zoneSeries {
@@ -157,6 +175,9 @@ func claimZoneSeries(zone string) zoneSeries {
 		s.decisions[o] = metrics.decisions.WithLabelValues(zone, outcomeNames[o])
 	}
 	s.cacheHits = metrics.cacheHits.WithLabelValues(zone)
+	for r := range s.refunds {
+		s.refunds[r] = metrics.refunds.WithLabelValues(zone, refundResults[r])
+	}
 	return s
 }
 
@@ -173,6 +194,9 @@ func releaseZoneSeries(zone string) {
 		metrics.decisions.DeleteLabelValues(zone, name)
 	}
 	metrics.cacheHits.DeleteLabelValues(zone)
+	for _, r := range refundResults {
+		metrics.refunds.DeleteLabelValues(zone, r)
+	}
 }
 
 // storeSeries are a store's metrics.

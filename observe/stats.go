@@ -90,11 +90,14 @@ type zoneStats struct {
 	store  *storeStats // where the zone's buckets are (part of its key)
 	totals [limiter.NumOutcomes]atomic.Uint64
 	hits   atomic.Uint64 // deny cache hits
-	ring   counterRing
-	top    *topKeys
-	nets   *topKeys // the denied clients' networks (networkKey)
-	series zoneSeries
-	dead   atomic.Bool
+	// refunds and refundsDropped count charges given back after the
+	// response, and those the store failed to take back.
+	refunds, refundsDropped atomic.Uint64
+	ring                    counterRing
+	top                     *topKeys
+	nets                    *topKeys // the denied clients' networks (networkKey)
+	series                  zoneSeries
+	dead                    atomic.Bool
 
 	mu      sync.Mutex
 	holders []*zoneInfo              // one per handler holding the stats, oldest first
@@ -164,6 +167,17 @@ func (z *zoneStats) count(o limiter.Outcome, sec int64) {
 func (z *zoneStats) cacheHit() {
 	z.hits.Add(1)
 	z.series.cacheHits.Inc()
+}
+
+// refunded counts a refund of the zone: applied, or dropped (err).
+func (z *zoneStats) refunded(err error) {
+	if err != nil {
+		z.refundsDropped.Add(1)
+		z.series.refunds[refundDropped].Inc()
+		return
+	}
+	z.refunds.Add(1)
+	z.series.refunds[refundApplied].Inc()
 }
 
 func (z *zoneStats) loadTotals() (c [limiter.NumOutcomes]uint64) {
@@ -290,12 +304,32 @@ func (o *limiterObserver) StoreDecided(took time.Duration, err error) { o.store.
 
 // CacheDenied counts a deny cache hit in the zone of the rule.
 func (o *limiterObserver) CacheDenied(rule *limiter.Rule) {
+	if z := o.zoneOf(rule); z != nil {
+		z.cacheHit()
+	}
+}
+
+// Refunded counts a zone's refund, applied or dropped.
+func (o *limiterObserver) Refunded(rule *limiter.Rule, err error) {
+	if z := o.zoneOf(rule); z != nil {
+		z.refunded(err)
+	}
+}
+
+// zoneOf returns the stats of the zone whose rule this is (a rule from
+// placeholders is its zone's by name), or nil.
+func (o *limiterObserver) zoneOf(rule *limiter.Rule) *zoneStats {
 	for i, r := range o.rules {
 		if r == rule {
-			o.zones[i].cacheHit()
-			return
+			return o.zones[i]
 		}
 	}
+	for i, r := range o.rules {
+		if r.Name() == rule.Name() {
+			return o.zones[i]
+		}
+	}
+	return nil
 }
 
 // Interface guards
