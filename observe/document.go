@@ -99,9 +99,15 @@ type statsZone struct {
 	// Evictions counts the zone's buckets this node's memory store
 	// evicted before they were full, to make room for new keys
 	// (max_keys).
-	Evictions uint64       `json:"evictions"`
-	Rates     statsWindows `json:"rates"`
-	TopDenied statsTop     `json:"top_denied"`
+	Evictions uint64 `json:"evictions"`
+	// Refunds counts the charges given back after the response
+	// (count_status refunds, concurrency slots released), and
+	// RefundsDropped those the store failed to take back (the charge
+	// stayed).
+	Refunds        uint64       `json:"refunds"`
+	RefundsDropped uint64       `json:"refunds_dropped"`
+	Rates          statsWindows `json:"rates"`
+	TopDenied      statsTop     `json:"top_denied"`
 	// TopNetworks are the client networks denied most.
 	TopNetworks statsTopNetworks `json:"top_networks"`
 	Series      *statsSeries     `json:"series,omitempty"`
@@ -314,10 +320,12 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	last := sec - 1 // the last whole second
 	info := z.info.Load()
 	zj := statsZone{
-		Name:          z.name,
-		Totals:        countsOf(z.loadTotals()),
-		DenyCacheHits: z.hits.Load(),
-		Evictions:     info.evictions(),
+		Name:           z.name,
+		Totals:         countsOf(z.loadTotals()),
+		DenyCacheHits:  z.hits.Load(),
+		Evictions:      info.evictions(),
+		Refunds:        z.refunds.Load(),
+		RefundsDropped: z.refundsDropped.Load(),
 		Rates: statsWindows{
 			One:   ratesOf(z.ring.sum(last, 1), 1),
 			Ten:   ratesOf(z.ring.sum(last, 10), 10),
