@@ -42,6 +42,10 @@ const (
 	DenialRetention = 24 * time.Hour
 )
 
+// denialReadAhead is how many more entries of each stream ReadDenials
+// reads than it returns, to put in order what nodes sent late.
+const denialReadAhead = 200
+
 // ErrFeedRefused is the error of a denial feed command that Redis refused
 // to the store's user (an ACL without +xadd or +xrevrange).
 var ErrFeedRefused = errors.New("redis refuses the denial feed's commands to this user")
@@ -122,10 +126,12 @@ func (s *RedisStore) AppendDenials(ctx context.Context, ds []Denial) error {
 	return nil
 }
 
-// ReadDenials returns the newest denials of the zones (the last limit
-// Redis added to each stream), newest first by the times of the nodes
-// that denied them, at most limit. Nodes whose clocks are off are
-// misplaced by as much (see ReadClock).
+// ReadDenials returns the newest denials of the zones, newest first by the
+// times of the nodes that denied them, at most limit. Nodes send their
+// denials up to about a second late, so the order Redis added them in is
+// not quite theirs: it reads denialReadAhead more of each stream than
+// asked, and sorts them. Nodes whose clocks are off are misplaced by as
+// much (see ReadClock).
 func (s *RedisStore) ReadDenials(ctx context.Context, zones []string, limit int) ([]Denial, error) {
 	if len(zones) == 0 || limit <= 0 {
 		return []Denial{}, nil
@@ -134,7 +140,7 @@ func (s *RedisStore) ReadDenials(ctx context.Context, zones []string, limit int)
 	pipe := s.client.Pipeline()
 	reads := make([]*redis.XMessageSliceCmd, len(zones))
 	for i, z := range zones {
-		reads[i] = pipe.XRevRangeN(ctx, s.denialKey(z), "+", "-", int64(limit))
+		reads[i] = pipe.XRevRangeN(ctx, s.denialKey(z), "+", "-", int64(min(limit+denialReadAhead, DenialStreamLength)))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, feedError(err)

@@ -52,6 +52,17 @@ func TestDenialFeed(t *testing.T) {
 	if one, err := s.ReadDenials(ctx, []string{"api", "login"}, 1); err != nil || len(one) != 1 || one[0].KeyDigest != "d3" {
 		t.Errorf("limit 1: %+v, %v", one, err)
 	}
+	// A node that sends late: its older denial, added last, is not the
+	// newest.
+	if err := s.AppendDenials(ctx, []Denial{{Time: at.Add(-time.Second), Zone: "api", KeyDigest: "d0", Node: "n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	if one, err := s.ReadDenials(ctx, []string{"api", "login"}, 1); err != nil || len(one) != 1 || one[0].KeyDigest != "d3" {
+		t.Errorf("limit 1 after a late one: %+v, %v", one, err)
+	}
+	if all, err := s.ReadDenials(ctx, []string{"api", "login"}, 10); err != nil || len(all) != 4 || all[3].KeyDigest != "d0" {
+		t.Errorf("after a late one: %+v, %v; want it last", all, err)
+	}
 	if none, err := s.ReadDenials(ctx, []string{"idle"}, 10); err != nil || len(none) != 0 {
 		t.Errorf("idle zone: %+v, %v", none, err)
 	}

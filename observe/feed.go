@@ -51,7 +51,8 @@ const (
 )
 
 // The room of a denial's fields: client input longer than its room is cut
-// short (a key is kept whole, in a copy of its own).
+// short; a key has the room the others leave, feedKeyRoom at least, and is
+// kept whole (in a copy of its own when longer).
 const (
 	feedMethodRoom = 16
 	feedHostRoom   = 128
@@ -80,8 +81,8 @@ type denial struct {
 	banned, dryRun bool
 	cut            uint8
 	// The method, host, path and key are buf[:method], buf[method:host],
-	// buf[host:path] and buf[path:key]; a key longer than feedKeyRoom is
-	// long instead.
+	// buf[host:path] and buf[path:key]; a key longer than the room left
+	// (feedKeyRoom at least) is long instead.
 	method, host, path, key uint16
 	long                    string
 	buf                     [feedMethodRoom + feedHostRoom + feedPathRoom + feedKeyRoom]byte
@@ -116,7 +117,7 @@ func (d *denial) fill(req *denialRequest) {
 	n = d.put(n, req.path, feedPathRoom, cutPath)
 	d.path = uint16(n)
 	d.long = ""
-	if len(req.key) <= feedKeyRoom {
+	if len(req.key) <= len(d.buf)-n {
 		n += copy(d.buf[n:], req.key)
 	} else {
 		d.long = strings.Clone(req.key) // the key must be whole to digest it
