@@ -206,6 +206,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if pass && sc.held {
 		return h.serveHeld(w, r, next, sc)
 	}
+	if sc.held {
+		// Admitted, but ended before it was passed on (its client left
+		// while a leaky bucket delayed it): give back what it holds.
+		h.release(sc, statusClientClosed)
+	}
 	*sc = scratch{} // drop the keys and zones it refers to
 	scratchPool.Put(sc)
 	if !pass {
