@@ -389,7 +389,13 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 	if !s.cluster || len(reqs) == 1 {
 		return s.decideOne(ctx, reqs, results)
 	}
-	ctx, cancel := s.timeoutContext(ctx)
+	if err := ctx.Err(); err != nil {
+		return false, 0, err
+	}
+	// Once sent, the calls are waited for even if the client leaves (as
+	// decideOne does): Redis will run them, and a request that gave up
+	// would leave their charges (a concurrency slot, say) unreleased.
+	ctx, cancel := s.timeoutContext(context.WithoutCancel(ctx))
 	defer cancel()
 	ok, err := s.decideBySlot(ctx, reqs, results)
 	if err != nil {
