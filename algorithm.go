@@ -55,6 +55,9 @@ func (z *Zone) compileRule(rate, burst int64) (*limiter.Rule, error) {
 		DryRun:    z.DryRun || z.allDryRun,
 		Ban:       z.Ban.limiterBan(),
 		Refunds:   len(z.CountStatus) > 0,
+
+		Prefetch:     z.Prefetch,
+		PrefetchHold: time.Duration(z.PrefetchHold),
 	})
 }
 

@@ -66,6 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        count_status <code|class>...
 //	        ban <duration> after <n> in <window>
 //	        dry_run
+//	        prefetch <n> [<max_hold>]        # token_bucket, fixed_window: hot keys
 //	        max_delay <duration>
 //	        window <duration>  events <n>    # caddy-ratelimit's form
 //	        ipv4_prefix <bits>  ipv6_prefix <bits>
@@ -453,8 +454,8 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run"}
-	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch"}
+	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease", "prefetch"}
 )
 
 // zoneInt, zoneDuration and zonePrefix parse a zone setting into a field.
@@ -520,6 +521,8 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		return z.unmarshalRate(d)
 	case "ban":
 		return z.unmarshalBan(d)
+	case "prefetch":
+		return z.unmarshalPrefetch(d)
 	case "dry_run":
 		if d.NextArg() {
 			return d.ArgErr()
@@ -585,6 +588,25 @@ func (z *Zone) unmarshalRate(d *caddyfile.Dispenser) error {
 		return d.Errf("zone %q: %v", z.Name, err)
 	}
 	z.Rate, z.Per = n, per
+	return nil
+}
+
+// unmarshalPrefetch sets up prefetch <n> [<max_hold>].
+func (z *Zone) unmarshalPrefetch(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return d.Errf("zone %q: prefetch takes: prefetch <n> [<max_hold>]", z.Name)
+	}
+	n, err := positiveInt("prefetch", args[0], 32)
+	if err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	z.Prefetch = n
+	if len(args) == 2 {
+		if z.PrefetchHold, err = positiveDuration("prefetch max_hold", args[1]); err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+	}
 	return nil
 }
 

@@ -158,6 +158,9 @@ func (h *Handler) Validate() error {
 // Cleanup releases the stores; the last handler using one closes it.
 func (h *Handler) Cleanup() error {
 	var err error
+	if h.limiter != nil {
+		h.limiter.Close() // gives back prefetched spares while the store is open
+	}
 	if h.obs != nil {
 		err = h.obs.Cleanup() // first: it may stop a reporter using the store
 	}

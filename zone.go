@@ -116,6 +116,20 @@ type Zone struct {
 	// would start is only reported.
 	Ban *ZoneBan `json:"ban,omitempty"`
 
+	// Prefetch lets a node take up to this many tokens from Redis in one
+	// decision (the request's cost, plus spares if the bucket holds them,
+	// at most a quarter of what it holds) and admit the key's next
+	// requests from its spares without Redis, for hot keys (a global
+	// zone, a tenant shared by many clients). Exact: the spares were
+	// charged in Redis when taken. Token bucket and fixed window only.
+	// Default: none.
+	Prefetch int64 `json:"prefetch,omitempty"`
+
+	// PrefetchHold is the longest a node keeps unused spares before it
+	// gives them back (and on reload or shutdown): tokens a node holds
+	// are idle for the others at most this long. Default: 100ms.
+	PrefetchHold caddy.Duration `json:"prefetch_hold,omitempty"`
+
 	// CountStatus makes the zone count only responses of these statuses:
 	// codes (`401`) or classes (`4xx`). A request is charged as usual
 	// before it passes, and its tokens are given back once its response's

@@ -184,6 +184,10 @@ type verdict struct {
 	// slots is what a concurrency zone holds before the request.
 	slots int64
 
+	// spares are the tokens a prefetching zone took beyond the cost
+	// (after already counts them; see prefetch.go).
+	spares int64
+
 	// res is the reserve the request must leave (see Rule.reserveUnits).
 	res int64
 
@@ -238,7 +242,7 @@ func (r *Rule) reserveUnits(pct int64) int64 {
 func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 	switch r.alg {
 	case FixedWindow:
-		return r.windowState(now, 0, v.curr+cost), now + r.windowUS - v.elapsed
+		return r.windowState(now, 0, v.curr+cost+v.spares), now + r.windowUS - v.elapsed
 	case SlidingWindow:
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
 	case Concurrency:
@@ -335,13 +339,13 @@ func (r *Rule) scriptArgs() []any {
 		if r.dryRun {
 			flags |= 1
 		}
-		r.args = []any{int64(r.alg), p[0], p[1], p[2], p[3], flags, r.banUS, r.banAfter, r.banWindowUS}
+		r.args = []any{int64(r.alg), p[0], p[1], p[2], p[3], flags, r.banUS, r.banAfter, r.banWindowUS, r.prefetch}
 	})
 	return r.args
 }
 
 // ruleArgs is how many arguments a rule takes in the Redis scripts.
-const ruleArgs = 9
+const ruleArgs = 10
 
 // scriptParams returns the rule's four parameters for the Redis scripts.
 func (r *Rule) scriptParams() [4]int64 {
@@ -370,7 +374,7 @@ func (r *Rule) fromReply(vals [4]int64, res int64) verdict {
 	}
 	switch r.alg {
 	case FixedWindow:
-		v.curr, v.elapsed = vals[1], vals[2]
+		v.curr, v.elapsed, v.spares = vals[1], vals[2], vals[3]
 	case SlidingWindow:
 		v.prev, v.curr, v.elapsed = vals[1], vals[2], vals[3]
 	case SlidingLog:
@@ -379,6 +383,9 @@ func (r *Rule) fromReply(vals [4]int64, res int64) verdict {
 		v.slots = vals[1]
 	default:
 		v.debt, v.after = vals[1], vals[2]
+		if r.alg == TokenBucket {
+			v.spares = vals[3]
+		}
 	}
 	return v
 }

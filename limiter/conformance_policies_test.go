@@ -72,6 +72,8 @@ func policyRules(t testing.TB) []*Rule {
 		mustConfig(t, RuleConfig{Name: "cc", Algorithm: Concurrency, Rate: 3, Lease: lease}),
 		mustConfig(t, RuleConfig{Name: "ccban", Algorithm: Concurrency, Rate: 2, Lease: lease, Ban: ban}),
 		mustConfig(t, RuleConfig{Name: "ccdry", Algorithm: Concurrency, Rate: 1, Lease: lease, DryRun: true}),
+		mustConfig(t, RuleConfig{Name: "tbpf", Rate: 20, Per: time.Second, Burst: 20, Prefetch: 8}),
+		mustConfig(t, RuleConfig{Name: "fwpf", Algorithm: FixedWindow, Rate: 30, Per: 10 * time.Second, Prefetch: 6, Refunds: true}),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -86,6 +87,9 @@ type Result struct {
 	// at is the store's time of the decision, in microseconds: what a
 	// refund of a window's charge needs to find the window.
 	at int64
+	// spares are the tokens a prefetching zone took beyond the cost, for
+	// this node's next requests (prefetch.go).
+	spares int64
 }
 
 // Store keeps bucket state and decides against it.
@@ -209,6 +213,10 @@ type Limiter struct {
 	// refunds and refundsLost count refunds asked for, and those that
 	// the store failed (dropped: the charge stays).
 	refunds, refundsLost atomic.Uint64
+	// spares holds prefetched tokens (prefetch.go); nil until a decision
+	// first takes some.
+	spares   atomic.Pointer[spares]
+	sparesMu sync.Mutex // starting spares
 }
 
 // New returns a limiter deciding through store.
@@ -234,6 +242,19 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 			reqs[i].Slot = l.slots.next()
 		}
 	}
+	if sp := l.spares.Load(); sp != nil {
+		return l.decideWithSpares(ctx, sp, reqs, results) // prefetch.go
+	}
+	out := l.decideCached(ctx, reqs, results)
+	if out == Allowed {
+		l.keepSpares(reqs, results)
+	}
+	return out
+}
+
+// decideCached decides a request through the deny cache, if any, and the
+// store.
+func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Result) Outcome {
 	if l.cache == nil {
 		return l.decide(ctx, reqs, results)
 	}

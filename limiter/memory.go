@@ -124,6 +124,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 		r, cost := reqs[i].Rule, reqs[i].Cost
 		charged := admit && verdicts[i].ok
 		if charged && cost > 0 {
+			r.takeSpares(&verdicts[i], cost) // prefetch.go
 			s.commit(&s.shards[ids[i].shard()], ids[i], r, verdicts[i], now, cost, limit)
 		}
 		results[i] = r.result(verdicts[i], charged, cost)

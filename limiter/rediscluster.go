@@ -93,6 +93,9 @@ func (s *RedisStore) groupBySlot(reqs []Request) [][]int {
 // It returns the first error of the refunds.
 func (s *RedisStore) refundSlots(ctx context.Context, reqs []Request, results []Result, groups [][]int, calls []*call, admitted []bool) error {
 	var refunds []*call
+	// A refund gives back the cost and the spares a prefetching zone took.
+	taken := make([]Request, len(reqs))
+	copy(taken, reqs)
 	for g, idx := range groups {
 		if !admitted[g] {
 			continue
@@ -104,7 +107,11 @@ func (s *RedisStore) refundSlots(ctx context.Context, reqs []Request, results []
 				results[i] = subRes[j]
 			}
 		}
-		refunds = append(refunds, s.newCall(s.refund, reqs, idx, results))
+		for _, i := range idx {
+			taken[i].Cost += results[i].spares
+			results[i].spares = 0
+		}
+		refunds = append(refunds, s.newCall(s.refund, taken, idx, results))
 	}
 	var firstErr error
 	for _, err := range s.sendAll(ctx, refunds) {

@@ -144,6 +144,7 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 		v := q.Rule.fromReply(vals, q.Rule.reserveUnits(q.Reserve))
 		results[i] = q.Rule.result(v, admit && charged && v.ok, q.Cost)
 		results[i].at = at
+		results[i].spares = v.spares // what the store took, even if refunded
 	}
 	return admit, nil
 }

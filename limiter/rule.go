@@ -72,6 +72,10 @@ type Rule struct {
 	dryRun bool
 	// refunds: the zone's charges may be given back (RuleConfig.Refunds).
 	refunds bool
+	// prefetch is the most tokens one decision may take (cost and
+	// spares; 0: none), kept at most prefetchHold (prefetch.go).
+	prefetch     int64
+	prefetchHold time.Duration
 	// ban bans a key that the zone denied ban.After times in ban.Window,
 	// for ban.Duration (zero: no bans); the same in microseconds.
 	ban                          Ban
@@ -131,6 +135,15 @@ type RuleConfig struct {
 	// times within Ban.Window. Every denial counts, so a deny cache holds
 	// none of the zone's buckets, only its bans. Default: no bans.
 	Ban Ban
+	// Prefetch lets a node take up to Prefetch tokens from the store in
+	// one decision (the request's cost, plus spares if the bucket holds
+	// them) and admit the key's next requests from its spares without
+	// asking the store. Token bucket and fixed window only. Default 0:
+	// none.
+	Prefetch int64
+	// PrefetchHold is the longest a node keeps unused spares before it
+	// gives them back. Default 100ms.
+	PrefetchHold time.Duration
 	// Refunds says that the zone's charges may be given back
 	// (Limiter.Refund; count_status). A deny cache then holds none of its
 	// buckets: another node's refund can make a bucket fuller than the
@@ -203,6 +216,9 @@ func NewRule(cfg RuleConfig) (*Rule, error) {
 		return nil, err
 	}
 	r.dryRun, r.refunds = cfg.DryRun, cfg.Refunds
+	if err := r.setPrefetch(cfg.Prefetch, cfg.PrefetchHold); err != nil {
+		return nil, err
+	}
 	if err := r.setFailurePolicy(cfg.OnError, cfg.FleetSize); err != nil {
 		return nil, err
 	}

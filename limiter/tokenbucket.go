@@ -67,9 +67,10 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 	case charged:
 		return Result{
 			Allowed:    true,
-			Remaining:  (r.capacity - v.after) / r.interval,
+			Remaining:  (r.capacity-v.after)/r.interval + v.spares,
 			ResetAfter: r.micros(v.after),
 			owed:       v.after,
+			spares:     v.spares,
 		}
 	case v.ok:
 		return Result{

@@ -27,6 +27,7 @@ func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
 	switch {
 	case charged:
 		res.Allowed, res.Remaining, res.ResetAfter = true, r.rate-v.curr-cost, us(end)
+		res.spares = v.spares // counted in the window, held by the node
 	case v.ok:
 		res.Allowed = true
 	case v.never:

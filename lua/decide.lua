@@ -12,11 +12,14 @@
 --
 -- ARGV[1]          "0": the clock is Redis TIME; otherwise a fixed time in
 --                  microseconds, for tests only
--- ARGV[2]          the number of rules, then nine arguments per rule: its
+-- ARGV[2]          the number of rules, then ten arguments per rule: its
 --                  algorithm (0 token bucket, 1 sliding window, 2 fixed
 --                  window, 3 sliding log, 4 leaky bucket, 5 concurrency),
---                  four parameters p1..p4, its flags (1: dry run), and its
---                  ban: duration (us, 0 for none), denials, window (us)
+--                  four parameters p1..p4, its flags (1: dry run), its
+--                  ban: duration (us, 0 for none), denials, window (us),
+--                  and its prefetch: the most tokens an admitted request
+--                  may take (its cost and spares; token bucket and fixed
+--                  window, 0 for none)
 -- then per request its number of zones n, then per zone the index of its
 --                  rule, the index of its bucket in KEYS (both from 1), its
 --                  cost and aux: the reserve the request must leave (the
@@ -38,9 +41,9 @@
 local nrules = tonumber(ARGV[2])
 local rules = {}
 for i = 1, nrules do
-  local b = 3 + (i - 1) * 9
+  local b = 3 + (i - 1) * 10
   local r = {}
-  for j = 1, 9 do r[j] = tonumber(ARGV[b + j - 1]) end
+  for j = 1, 10 do r[j] = tonumber(ARGV[b + j - 1]) end
   rules[i] = r
 end
 
@@ -123,7 +126,7 @@ local function one(n, a, o)
   end
 end
 
-local a, o = 3 + 9 * nrules, 1
+local a, o = 3 + 10 * nrules, 1
 local nargs = #ARGV
 while a <= nargs do
   local n = tonumber(ARGV[a])

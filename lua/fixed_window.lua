@@ -40,7 +40,13 @@ _, r1, r2 = win_unpack(ki, p1)
 if cost + res > p2 then flag = 2 elseif r1 + cost + res <= p2 then flag = 1 else flag = 0 end
 
 --@commit
-win_write(ki, floor(now / p1), 0, r1 + cost, p1 - r2)
+-- Prefetch: as the token bucket's (token_bucket.lua), reported as r3.
+local sp = 0
+if rule[10] > cost then
+  sp = max(0, min(rule[10] - cost, floor((p2 - r1 - cost - (tonumber(aux) or 0)) / 4)))
+  reply[c + 3] = sp
+end
+win_write(ki, floor(now / p1), 0, r1 + cost + sp, p1 - r2)
 
 --@refund
 -- Only the window that counted the charge (aux: its time) gives it back.

@@ -9,12 +9,12 @@
 
 local nrules = tonumber(ARGV[2])
 local refunded = 0
-local a = 3 + 9 * nrules -- the number of zones
+local a = 3 + 10 * nrules -- the number of zones
 for i = 1, tonumber(ARGV[a]) do
   local b = a + 1 + (i - 1) * 4
   local cost = tonumber(ARGV[b + 2])
   if cost > 0 then
-    local r = 3 + (tonumber(ARGV[b]) - 1) * 9
+    local r = 3 + (tonumber(ARGV[b]) - 1) * 10
     local alg = tonumber(ARGV[r])
     local p1, p2, p3, p4 = tonumber(ARGV[r + 1]), tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]), tonumber(ARGV[r + 4])
     local ki, aux = tonumber(ARGV[b + 1]), ARGV[b + 3]

@@ -44,6 +44,17 @@ else
 end
 
 --@commit
+-- Prefetch (rule[10] tokens a call may take): spares beyond the cost, at
+-- most a quarter of what the bucket holds after it (and its reserve), so
+-- that a bucket with fewer than 4 tokens left gives none (see
+-- limiter/prefetch.go). Reported as r3, with r2 the debt after them.
+if rule[10] > cost then
+  local sp = min(rule[10] - cost, floor(floor((p3 * p2 - r2 - (tonumber(aux) or 0)) / p2) / 4))
+  if sp > 0 then
+    r2 = r2 + sp * p2
+    reply[c + 2], reply[c + 3] = r2, sp
+  end
+end
 tb_write(ki, p1, r2)
 
 --@refund

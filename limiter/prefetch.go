@@ -1,0 +1,438 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Token prefetch: a hot key (a global zone, a tenant shared by thousands
+// of clients) puts every decision of every node on one Redis core. With
+// prefetch, a decision that the store admits takes up to Prefetch tokens
+// in the same script call: its cost, plus spares when the bucket holds
+// them. The node admits the key's next requests from its spares without
+// asking the store. They were charged in the store when they were taken,
+// so the fleet never admits more than burst + rate × elapsed: prefetch
+// stays exact. Unused spares go back (a refund) after PrefetchHold at the
+// latest, and when the limiter closes.
+//
+// The rule of the spares: a decision that leaves a tokens in the bucket
+// (after its cost and its reserve) takes min(Prefetch − cost, ⌊a/4⌋)
+// spares. So a prefetch never takes more than a quarter of what is left,
+// and a bucket holding fewer than 4 tokens gives none: the lower bound it
+// guarantees is that a node without spares finds at least ⌈3a/4⌉ of the
+// a tokens another node's prefetch found, and every token it could have
+// found below 4 — a fleet of many nodes at a low rate decides exactly as
+// without prefetch. Tokens a node holds are idle for the others for at
+// most PrefetchHold (a node that dies loses at most its spares, at most
+// Prefetch tokens, never more than the store charged).
+//
+// Pacing: a decision that could not take all the spares it wanted (the
+// bucket was low, or empty) makes the node leave the key's bucket alone
+// for a short pause — the time the zone's rate takes to refill the spares
+// it missed, at most half the hold — while it admits from the spares it
+// got and then denies (Retry-After: the pause's rest). A saturated hot key
+// would otherwise be asked about by every request of every node and give
+// each of them little: paced, the bucket fills between the nodes' calls,
+// each call takes more, and the tokens not taken meanwhile stay in the
+// bucket for the next call (the bucket is far from full: none is lost).
+// A key under its rate finds its bucket full and is never paced.
+
+// Errors of a rule's prefetch.
+var (
+	// ErrPrefetchNotApplicable: prefetch on an algorithm other than the
+	// token bucket and the fixed window.
+	ErrPrefetchNotApplicable = errors.New("prefetch applies to token_bucket and fixed_window only")
+	// ErrBadPrefetch: a prefetch below 2 (a decision takes its cost
+	// anyway) or a negative hold.
+	ErrBadPrefetch = errors.New("prefetch must be at least 2 tokens, and its hold positive")
+)
+
+// DefaultPrefetchHold is how long a node keeps unused spares unless the
+// rule says otherwise.
+const DefaultPrefetchHold = 100 * time.Millisecond
+
+// setPrefetch sets the rule's prefetch, while NewRule builds it.
+func (r *Rule) setPrefetch(n int64, hold time.Duration) error {
+	if n == 0 && hold == 0 {
+		return nil
+	}
+	if r.alg != TokenBucket && r.alg != FixedWindow {
+		return ErrPrefetchNotApplicable
+	}
+	if n < 2 || hold < 0 {
+		return ErrBadPrefetch
+	}
+	if hold == 0 {
+		hold = DefaultPrefetchHold
+	}
+	if r.dryRun {
+		return nil // a dry run decides every request in the store
+	}
+	r.prefetch, r.prefetchHold = n, hold
+	return nil
+}
+
+// Prefetch returns the most tokens a decision of the zone may take, and how
+// long a node keeps the spares (0: no prefetch).
+func (r *Rule) Prefetch() (int64, time.Duration) { return r.prefetch, r.prefetchHold }
+
+// takeSpares adds to an admitted verdict the spares its decision takes, as
+// the scripts' commit sections do (token_bucket.lua, fixed_window.lua).
+func (r *Rule) takeSpares(v *verdict, cost int64) {
+	if r.prefetch <= cost || r.dryRun {
+		return
+	}
+	switch r.alg {
+	case TokenBucket:
+		if sp := min(r.prefetch-cost, (r.capacity-v.after-v.res)/r.interval/4); sp > 0 {
+			v.after += sp * r.interval
+			v.spares = sp
+		}
+	case FixedWindow:
+		v.spares = max(0, min(r.prefetch-cost, (r.rate-v.curr-cost-v.res)/4))
+	}
+}
+
+// spareKey names a key's spares in one zone.
+type spareKey struct {
+	bucket, key string
+}
+
+// spare is what a node holds of a key's prefetched tokens.
+type spare struct {
+	rule *Rule
+	key  string
+	n    int64 // spares left
+	// remaining is what the store reported at the prefetch (spares
+	// included), less what this node has used since.
+	remaining int64
+	reset     time.Duration // the prefetch's ResetAfter
+	at        int64         // the store's time of the prefetch (a window's refund)
+	deadline  time.Time     // when the spares go back
+	// pause is when the node may ask the store about the key again,
+	// after a decision that found its bucket low (see Pacing).
+	pause time.Time
+}
+
+// spares holds a limiter's prefetched tokens and gives back the unused
+// ones.
+type spares struct {
+	mu   sync.Mutex
+	m    map[spareKey]*spare
+	hits atomic.Uint64 // requests admitted from spares
+	// paced counts requests denied on this node while their key was
+	// paced.
+	paced atomic.Uint64
+	// taken counts the spare tokens taken, returned those given back.
+	taken, returned atomic.Uint64
+	stop            chan struct{}
+	done            chan struct{}
+}
+
+// newSpares returns an empty holder whose sweeper gives back expired
+// spares through l every tick.
+func newSpares(l *Limiter, tick time.Duration) *spares {
+	s := &spares{m: make(map[spareKey]*spare), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.sweeper(l, tick)
+	return s
+}
+
+// take admits, from the node's spares, the zones of reqs whose rule
+// prefetches and whose spares cover the cost: it marks them in local and
+// fills their results. It reports how many it covered, or that a zone
+// whose key is paced denies the request (its result says until when; the
+// others are Unknown, and nothing was taken).
+func (s *spares) take(reqs []Request, results []Result, local []bool, now time.Time) (covered int, paced bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range reqs {
+		q := &reqs[i]
+		if q.Rule.prefetch == 0 || q.Cost <= 0 {
+			continue
+		}
+		sp := s.m[spareKey{q.Rule.bucket, q.Key}]
+		if sp == nil || sp.rule != q.Rule {
+			continue
+		}
+		if sp.n < q.Cost || !now.Before(sp.deadline) {
+			if now.Before(sp.pause) {
+				s.undo(reqs, local)
+				for j := range results {
+					results[j] = Result{Allowed: true, Unknown: true}
+				}
+				results[i] = Result{RetryAfter: sp.pause.Sub(now), ResetAfter: sp.reset}
+				return 0, true
+			}
+			continue
+		}
+		sp.n -= q.Cost
+		sp.remaining -= q.Cost
+		local[i] = true
+		results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset}
+		covered++
+	}
+	return covered, false
+}
+
+// putBack returns to the spares what take took for zones that another zone
+// of the request denied.
+func (s *spares) putBack(reqs []Request, local []bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.undo(reqs, local)
+}
+
+// undo is putBack with the holder locked.
+func (s *spares) undo(reqs []Request, local []bool) {
+	for i := range reqs {
+		if !local[i] {
+			continue
+		}
+		if sp := s.m[spareKey{reqs[i].Rule.bucket, reqs[i].Key}]; sp != nil {
+			sp.n += reqs[i].Cost
+			sp.remaining += reqs[i].Cost
+		}
+		local[i] = false
+	}
+}
+
+// pace starts the pause of each prefetching zone whose store decision (at
+// now) could not take all the spares it wanted (see Pacing).
+func (s *spares) pace(reqs []Request, results []Result, now time.Time) {
+	for i := range reqs {
+		q, res := &reqs[i], &results[i]
+		r := q.Rule
+		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 {
+			continue
+		}
+		missed := r.prefetch - q.Cost - res.spares
+		if missed <= 0 {
+			continue
+		}
+		pause := min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(missed)/float64(r.rate)))
+		if pause <= 0 {
+			continue
+		}
+		k := spareKey{r.bucket, q.Key}
+		s.mu.Lock()
+		sp := s.m[k]
+		if sp == nil || sp.rule != r {
+			if sp != nil && sp.n > 0 {
+				s.mu.Unlock()
+				continue // keep spares of another rule; they expire
+			}
+			sp = &spare{rule: r, key: q.Key, deadline: now}
+			s.m[k] = sp
+		}
+		sp.pause = now.Add(pause)
+		if sp.reset == 0 {
+			sp.reset = res.ResetAfter
+		}
+		s.mu.Unlock()
+	}
+}
+
+// keep records the spares a decision took, at now. A key's older spares,
+// if any are left, go back in the returned list (to be refunded).
+func (s *spares) keep(reqs []Request, results []Result, now time.Time) (back []*spare) {
+	for i := range reqs {
+		res := &results[i]
+		if res.spares <= 0 || !res.Allowed || res.Unknown {
+			continue
+		}
+		r := reqs[i].Rule
+		hold := r.prefetchHold
+		if r.alg == FixedWindow && res.ResetAfter < hold {
+			hold = res.ResetAfter // the spares count in this window only
+		}
+		sp := &spare{rule: r, key: reqs[i].Key, n: res.spares, remaining: res.Remaining,
+			reset: res.ResetAfter, at: res.at, deadline: now.Add(hold)}
+		s.taken.Add(uint64(res.spares))
+		k := spareKey{r.bucket, reqs[i].Key}
+		s.mu.Lock()
+		if old := s.m[k]; old != nil {
+			if old.n > 0 {
+				back = append(back, old)
+			}
+			sp.pause = old.pause
+		}
+		s.m[k] = sp
+		s.mu.Unlock()
+	}
+	return back
+}
+
+// expired removes and returns the spares whose deadline is past at now
+// (all of them with now zero).
+func (s *spares) expired(now time.Time) []*spare {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*spare
+	for k, sp := range s.m {
+		if now.IsZero() || (!now.Before(sp.deadline) && !now.Before(sp.pause)) {
+			delete(s.m, k)
+			if sp.n > 0 {
+				out = append(out, sp)
+			}
+		} else if !now.Before(sp.deadline) && sp.n > 0 {
+			out = append(out, &spare{rule: sp.rule, key: sp.key, n: sp.n, at: sp.at})
+			sp.n = 0
+		}
+	}
+	return out
+}
+
+// giveBack refunds unused spares to the store.
+func (l *Limiter) giveBack(list []*spare) {
+	for _, sp := range list {
+		req := []Request{{Rule: sp.rule, Key: sp.key, Cost: sp.n}}
+		res := []Result{{Allowed: true, at: sp.at}}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := l.store.Refund(ctx, req, res); err == nil {
+			if h := l.spares.Load(); h != nil {
+				h.returned.Add(uint64(sp.n))
+			}
+		}
+		cancel()
+	}
+}
+
+// sweeper gives back expired spares every tick, and all of them when the
+// holder stops.
+func (s *spares) sweeper(l *Limiter, tick time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			l.giveBack(s.expired(time.Time{}))
+			return
+		case now := <-t.C:
+			if list := s.expired(now); len(list) > 0 {
+				l.giveBack(list)
+			}
+		}
+	}
+}
+
+// PrefetchStats reports the limiter's prefetch: requests admitted from
+// spares without the store, spare tokens taken, and spare tokens given
+// back unused.
+func (l *Limiter) PrefetchStats() (hits, taken, returned uint64) {
+	sp := l.spares.Load()
+	if sp == nil {
+		return 0, 0, 0
+	}
+	return sp.hits.Load(), sp.taken.Load(), sp.returned.Load()
+}
+
+// Close gives back the spares this limiter holds and stops its
+// background work. Decisions must not be made after it.
+func (l *Limiter) Close() {
+	l.sparesMu.Lock()
+	sp := l.spares.Swap(nil)
+	l.sparesMu.Unlock()
+	if sp != nil {
+		close(sp.stop)
+		<-sp.done
+	}
+}
+
+// prefetchTick is how often expired spares are looked for: a small share
+// of the default hold.
+const prefetchTick = 20 * time.Millisecond
+
+// keepSpares keeps the spares an admitted decision took, starting the
+// holder on the first ones.
+func (l *Limiter) keepSpares(reqs []Request, results []Result) {
+	for i := range results {
+		if results[i].spares > 0 {
+			l.sparesMu.Lock()
+			sp := l.spares.Load()
+			if sp == nil {
+				sp = newSpares(l, prefetchTick)
+				l.spares.Store(sp)
+			}
+			l.sparesMu.Unlock()
+			l.keepTaken(sp, reqs, results)
+			sp.pace(reqs, results, time.Now())
+			return
+		}
+	}
+}
+
+// keepTaken records the spares of an admitted decision; older spares it
+// replaces go back in the background.
+func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result) {
+	if back := sp.keep(reqs, results, time.Now()); len(back) > 0 {
+		go l.giveBack(back)
+	}
+}
+
+// decideWithSpares decides a request, admitting from the node's spares the
+// prefetching zones they cover: a request they cover entirely needs no
+// store call; otherwise the other zones are decided by the store, all or
+// nothing, and a denial puts the spares taken back.
+func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Request, results []Result) Outcome {
+	var localBuf [8]bool
+	local := localBuf[:0]
+	if len(reqs) > len(localBuf) {
+		local = make([]bool, len(reqs))
+	} else {
+		local = localBuf[:len(reqs)]
+	}
+	now := time.Now()
+	covered, paced := sp.take(reqs, results, local, now)
+	if paced {
+		sp.paced.Add(1)
+		return Denied
+	}
+	switch covered {
+	case 0:
+		out := l.decideCached(ctx, reqs, results)
+		if out == Allowed {
+			l.keepTaken(sp, reqs, results)
+		}
+		if out == Allowed || out == Denied {
+			sp.pace(reqs, results, now)
+		}
+		return out
+	case len(reqs):
+		sp.hits.Add(1)
+		return Allowed
+	}
+	subReqs := make([]Request, 0, len(reqs)-covered)
+	idx := make([]int, 0, len(reqs)-covered)
+	for i := range reqs {
+		if !local[i] {
+			subReqs, idx = append(subReqs, reqs[i]), append(idx, i)
+		}
+	}
+	subRes := make([]Result, len(subReqs))
+	out := l.decideCached(ctx, subReqs, subRes)
+	for j, i := range idx {
+		results[i] = subRes[j]
+	}
+	if out == Allowed || out == Denied {
+		sp.pace(subReqs, subRes, now)
+	}
+	switch out {
+	case Allowed:
+		sp.hits.Add(1)
+		l.keepTaken(sp, subReqs, subRes)
+	case LocalAllowed, FailedOpen:
+		// The request passes: the spares it used are spent.
+	default:
+		for i := range reqs {
+			if local[i] {
+				results[i] = Result{Allowed: true, Unknown: true}
+			}
+		}
+		sp.putBack(reqs, local)
+	}
+	return out
+}
