@@ -913,23 +913,30 @@ func TestCaddyfileBadInput(t *testing.T) {
 	for _, tc := range badCaddyfiles {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			out, _, err := adaptCaddyfile(tc.caddyfile)
-			if err == nil {
-				t.Fatalf("adapted without error:\n%s", out)
-			}
-			msg := err.Error()
-			want := "Caddyfile:" + strconv.Itoa(tc.line)
-			m := caddyfileLineRE.FindAllStringSubmatch(msg, -1)
-			if len(m) != 1 || m[0][0] != want {
-				t.Errorf("error does not name %s alone:\n%s", want, msg)
-			}
-			if !strings.Contains(msg, tc.phrase) {
-				t.Errorf("error does not say %q:\n%s", tc.phrase, msg)
-			}
-			if strings.Contains(msg, secret) {
-				t.Errorf("error shows the redis password:\n%s", msg)
-			}
+			checkBadCaddyfile(t, tc.caddyfile, tc.line, tc.phrase)
 		})
+	}
+}
+
+// checkBadCaddyfile checks that a Caddyfile fails adaptation with an error
+// that names its line alone, says phrase, and shows no secret.
+func checkBadCaddyfile(t *testing.T, caddyfile string, line int, phrase string) {
+	t.Helper()
+	out, _, err := adaptCaddyfile(caddyfile)
+	if err == nil {
+		t.Fatalf("adapted without error:\n%s", out)
+	}
+	msg := err.Error()
+	want := "Caddyfile:" + strconv.Itoa(line)
+	m := caddyfileLineRE.FindAllStringSubmatch(msg, -1)
+	if len(m) != 1 || m[0][0] != want {
+		t.Errorf("error does not name %s alone:\n%s", want, msg)
+	}
+	if !strings.Contains(msg, phrase) {
+		t.Errorf("error does not say %q:\n%s", phrase, msg)
+	}
+	if strings.Contains(msg, secret) {
+		t.Errorf("error shows the redis password:\n%s", msg)
 	}
 }
 

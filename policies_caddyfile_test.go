@@ -1,8 +1,6 @@
 package fleetlimit_test
 
 import (
-	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -146,19 +144,7 @@ func TestPolicyCaddyfileBadInput(t *testing.T) {
 	for _, tc := range badPolicyCaddyfiles {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			out, _, err := adaptCaddyfile(tc.caddyfile)
-			if err == nil {
-				t.Fatalf("adapted without error:\n%s", out)
-			}
-			msg := err.Error()
-			want := "Caddyfile:" + strconv.Itoa(tc.line)
-			m := caddyfileLineRE.FindAllStringSubmatch(msg, -1)
-			if len(m) != 1 || m[0][0] != want {
-				t.Errorf("error does not name %s alone:\n%s", want, msg)
-			}
-			if !strings.Contains(msg, tc.phrase) {
-				t.Errorf("error does not say %q:\n%s", tc.phrase, msg)
-			}
+			checkBadCaddyfile(t, tc.caddyfile, tc.line, tc.phrase)
 		})
 	}
 }
