@@ -224,7 +224,9 @@ func New(store Store, opt Options) *Limiter {
 	if opt.Log == nil {
 		opt.Log = zap.NewNop()
 	}
-	return &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
+	l := &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
+	l.watchBans() // bans.go
+	return l
 }
 
 // Cache returns the limiter's deny cache, or nil.
@@ -294,6 +296,7 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	case err == nil && ok:
 		return Allowed
 	case err == nil:
+		l.noteBans(reqs, results) // bans.go: a ban starts on a denial
 		return Denied
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return Canceled

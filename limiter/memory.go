@@ -51,6 +51,8 @@ type MemoryStore struct {
 	evictMu   sync.Mutex
 	evictions map[uint32]uint64 // by zone tag
 
+	banList banRegistry // the bans started here, by key (membanlist.go)
+
 	sweep chan time.Duration // a new sweep interval for the sweeper
 	stop  chan struct{}
 	done  chan struct{}

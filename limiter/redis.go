@@ -140,6 +140,9 @@ type RedisStore struct {
 	// extended counts decisions that waited past the timeout because this
 	// node was starved, or Redis was answering slowly but answering.
 	extended atomic.Uint64
+	// bans is the ban registry and the ban channel's subscriber
+	// (redisbans.go, redisunban.go).
+	bans *redisBans
 
 	queue  chan *call
 	stop   chan struct{}
@@ -186,6 +189,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	// buckets fill it to OOM is warned of.
 	s.memory = newMemoryWatch(client, s.log, time.Minute)
 	s.wg.Go(func() { s.memory.run(s.stop) })
+	s.bans = startRedisBans(s)
 	s.wg.Add(1)
 	go s.warm(opt.DialTimeout + opt.Timeout)
 	return s, nil

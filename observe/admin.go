@@ -17,6 +17,8 @@ func init() {
 //	GET /rate_limit/          the dashboard (HTML; every asset embedded)
 //	GET /rate_limit/stats     the statistics, as JSON
 //	GET /rate_limit/denials   the denial feed, as JSON (?zone=NAME&limit=N)
+//	GET /rate_limit/bans      the bans in force, as JSON (?zone=NAME&limit=N)
+//	DELETE /rate_limit/bans/<zone>/<key or key digest>   lifts a ban fleet-wide
 //
 // It needs no configuration: Caddy mounts every admin.api module.
 type adminAPI struct{}

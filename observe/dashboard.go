@@ -27,7 +27,8 @@ func init() {
 // and /rate_limit/denials) on a site,
 // for operators whose browsers cannot reach a node's admin endpoint. Put it
 // behind authentication: with `log_key` its tables show client keys and
-// addresses.
+// addresses, and its bans (GET, and DELETE ?zone=Z&key=K, the admin API's
+// /rate_limit/bans) can be lifted from it.
 //
 //	handle /rate-limits/* {
 //	    basic_auth { ops <hash> }
@@ -35,7 +36,7 @@ func init() {
 //	}
 //
 // It answers the path's last segment: the page for a path ending in "/",
-// "stats", "denials", "dashboard.js" and "dashboard.css"; a GET or HEAD of any other
+// "stats", "denials", "bans", "dashboard.js", "bans.js" and "dashboard.css"; a GET or HEAD of any other
 // path is redirected to itself with a trailing "/" (so that the page's
 // relative links resolve), keeping the query. The redirect is relative to
 // the path ("./<segment>/"): it cannot leave the site, whatever the path
@@ -57,7 +58,7 @@ func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
 func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	p := r.URL.Path
 	name := p[strings.LastIndexByte(p, '/')+1:]
-	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && name != "bans" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		w.Header().Set("Location", slashRedirect(r.URL))
 		w.WriteHeader(http.StatusPermanentRedirect)
 		return nil
@@ -108,6 +109,7 @@ var dashboardFiles = map[string]string{
 	"":              "dashboard/index.html",
 	"dashboard.js":  "dashboard/dashboard.js",
 	"dashboard.css": "dashboard/dashboard.css",
+	"bans.js":       "dashboard/bans.js",
 }
 
 // serveDashboard serves one of the dashboard's resources by name ("" for
@@ -115,6 +117,9 @@ var dashboardFiles = map[string]string{
 // returns an error and its HTTP
 // status. The admin API and the rate_limit_dashboard handler share it.
 func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
+	if rest, ok := strings.CutPrefix(name, "bans"); ok && (rest == "" || rest[0] == '/') {
+		return serveBans(w, r, strings.TrimPrefix(rest, "/")) // bansapi.go: GET and DELETE
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)

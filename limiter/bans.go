@@ -1,0 +1,143 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Ban management: the stores keep a registry of the bans their zones start
+// (RuleConfig.Ban), so that an operator can list them and lift one across
+// the fleet. The limiter hands a store each ban that a denial started; the
+// store keeps it (in Redis for the fleet, see redisbans.go; in memory for
+// this process, see membanlist.go) until it ends. Lifting a ban (Unban)
+// deletes it where the decisions read it, drops it from the registry and
+// from the deny caches that learned it, on this node at once and, with
+// Redis, on every other node through a pub/sub channel (redisunban.go).
+
+// MaxBanRecords is how many bans a store's registry keeps per zone at most:
+// those that end last. A ban left out still holds; it is only not listed.
+const MaxBanRecords = 10_000
+
+// ErrNoBanRegistry is the error of a ban operation on a limiter whose store
+// keeps no registry of bans (neither a RedisStore nor a MemoryStore).
+var ErrNoBanRegistry = errors.New("the rate limit store keeps no registry of bans")
+
+// BanRecord is a ban as a store's registry lists it.
+type BanRecord struct {
+	// Zone is the name of the zone that banned the key.
+	Zone string
+	// Bucket is the name of the zone's buckets (Rule.Bucket): with Key,
+	// what is banned.
+	Bucket string
+	// Key is the client key banned (see ClientKey). Show it only where
+	// client keys may be shown (log_key); otherwise its digest.
+	Key string
+	// Start and End are when the ban began and when it ends, by the
+	// store's clock (Redis TIME, or the memory store's Clock).
+	Start, End time.Time
+	// Left is how long the ban had left when it was listed or lifted, by
+	// the store's clock when it has one to hand (listing), else by this
+	// node's (lifting in Redis).
+	Left time.Duration
+	// Denials is how many denials started the ban.
+	Denials int64
+}
+
+// BanKeeper is a store that keeps a registry of the bans its zones start:
+// RedisStore (the fleet's, in Redis) and MemoryStore (this process's).
+type BanKeeper interface {
+	// Bans lists the bans in force in the zones named, at most limit per
+	// zone (those that end last), those that end last first.
+	Bans(ctx context.Context, zones []string, limit int) ([]BanRecord, error)
+	// Unban lifts the ban of a client key in a zone (named zone, its
+	// buckets named bucket): the ban and the denials counted towards the
+	// next one are deleted where decisions read them, the ban leaves the
+	// registry, and every deny cache of the store forgets it (with Redis,
+	// on every node). It returns the ban lifted, and false when none was
+	// in force (no error: there was nothing to lift).
+	Unban(ctx context.Context, zone, bucket, key string) (BanRecord, bool, error)
+}
+
+// banNote is a ban as the limiter hands it to its store's registry: the
+// zone, bucket and key, and in the store's microseconds its start and end,
+// with the denials that started it.
+type banNote struct {
+	zone, bucket, key   string
+	start, end, denials int64
+}
+
+// record returns the note as a BanRecord, with left at now (store
+// microseconds).
+func (n *banNote) record(now int64) BanRecord {
+	return BanRecord{
+		Zone: n.zone, Bucket: n.bucket, Key: n.key,
+		Start: time.UnixMicro(n.start).UTC(), End: time.UnixMicro(n.end).UTC(),
+		Left: us(max(0, n.end-now)), Denials: n.denials,
+	}
+}
+
+// banRecorder is a store that keeps the bans the limiter hands it.
+type banRecorder interface {
+	// recordBan keeps a ban that started. It runs on the request path:
+	// it must not block.
+	recordBan(n banNote)
+}
+
+// cacheHolder is a store that tells deny caches about lifted bans.
+type cacheHolder interface {
+	denyCaches() *cacheSet
+}
+
+// watchBans adds the limiter's deny cache, if any, to those its store
+// tells about lifted bans.
+func (l *Limiter) watchBans() {
+	if h, ok := l.store.(cacheHolder); ok && l.cache != nil {
+		h.denyCaches().add(l.cache)
+	}
+}
+
+// noteBans hands the store's registry every ban that a denial the store
+// made started (a dry run starts none). A ban starts only on a denial, so
+// only denials come here, and a ban is rare: the common denial costs a
+// loop over its zones' results.
+func (l *Limiter) noteBans(reqs []Request, results []Result) {
+	for i := range results {
+		res := &results[i]
+		if !res.BanStarted || res.DryRun {
+			continue
+		}
+		rec, ok := l.store.(banRecorder)
+		if !ok {
+			return
+		}
+		r := reqs[i].Rule
+		rec.recordBan(banNote{
+			zone: r.name, bucket: r.bucket, key: reqs[i].Key,
+			start: res.at, end: res.at + r.banUS, denials: r.banAfter,
+		})
+	}
+}
+
+// Bans lists the bans in force in the zones named; see BanKeeper.Bans.
+func (l *Limiter) Bans(ctx context.Context, zones []string, limit int) ([]BanRecord, error) {
+	k, ok := l.store.(BanKeeper)
+	if !ok {
+		return nil, ErrNoBanRegistry
+	}
+	return k.Bans(ctx, zones, limit)
+}
+
+// Unban lifts the ban of key in rule's zone, fleet-wide with Redis; see
+// BanKeeper.Unban. The limiter's own deny cache forgets the key even when
+// the store fails.
+func (l *Limiter) Unban(ctx context.Context, rule *Rule, key string) (BanRecord, bool, error) {
+	if l.cache != nil {
+		defer l.cache.Forget(rule.bucket, key)
+	}
+	k, ok := l.store.(BanKeeper)
+	if !ok {
+		return BanRecord{}, false, ErrNoBanRegistry
+	}
+	return k.Unban(ctx, rule.name, rule.bucket, key)
+}

@@ -1,0 +1,292 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// windowBanRule is a fixed window of one request a minute that bans a key
+// for d after 2 denials within a minute. A window is what a deny cache
+// holds no state of, so every denial reaches Redis and counts.
+func windowBanRule(t testing.TB, name string, d time.Duration) *Rule {
+	t.Helper()
+	return mustConfig(t, RuleConfig{Name: name, Algorithm: FixedWindow, Rate: 1, Per: time.Minute,
+		Ban: Ban{Duration: d, After: 2, Window: time.Minute}})
+}
+
+// banNode is one node of a test fleet: a store of its own on the shared
+// Redis, and a limiter with a deny cache in front of it.
+type banNode struct {
+	store *RedisStore
+	lim   *Limiter
+}
+
+func newBanNode(t *testing.T, opt RedisOptions) *banNode {
+	t.Helper()
+	s := newRedisStore(t, opt)
+	return &banNode{store: s, lim: New(s, Options{Cache: NewDenyCache(DenyCacheOptions{})})}
+}
+
+// decide decides one request of key in rule's zone on the node.
+func (n *banNode) decide(r *Rule, key string) Result {
+	res := make([]Result, 1)
+	n.lim.Decide(context.Background(), []Request{{Rule: r, Key: key, Cost: 1}}, res)
+	return res[0]
+}
+
+// waitFor polls cond every 20 ms, for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitBans polls the node's registry until it lists n bans of zones.
+func (n *banNode) waitBans(t *testing.T, zones []string, want int) []BanRecord {
+	t.Helper()
+	var bans []BanRecord
+	waitFor(t, fmt.Sprintf("%d bans listed", want), func() bool {
+		var err error
+		bans, err = n.lim.Bans(context.Background(), zones, 100)
+		if err != nil {
+			t.Fatalf("Bans: %v", err)
+		}
+		return len(bans) == want
+	})
+	return bans
+}
+
+// TestRedisBanRegistry: a ban that one node's denial started is listed by
+// every node, with its start and end on Redis' clock, its denials and its
+// time left; the list is kept in one sorted set per zone that expires after
+// the bans, and a dry-run zone's would-be ban is not listed.
+func TestRedisBanRegistry(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "reg:"})
+	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "reg:"})
+	r := windowBanRule(t, "api", time.Hour)
+	dry := mustConfig(t, RuleConfig{Name: "dry", Algorithm: FixedWindow, Rate: 1, Per: time.Minute, DryRun: true,
+		Ban: Ban{Duration: time.Hour, After: 2, Window: time.Minute}})
+
+	before := time.Now()
+	var started Result
+	for i := range 3 {
+		started = a.decide(r, "k1")
+		if i < 2 && started.Banned {
+			t.Fatalf("request %d banned: %+v", i+1, started)
+		}
+		a.decide(dry, "k1")
+	}
+	if !started.BanStarted {
+		t.Fatalf("the third request %+v, want the ban started", started)
+	}
+	bans := b.waitBans(t, []string{"api", "dry"}, 1)
+	ban := bans[0]
+	if ban.Zone != "api" || ban.Bucket != r.Bucket() || ban.Key != "k1" || ban.Denials != 2 ||
+		ban.End.Sub(ban.Start) != time.Hour || ban.Left <= 59*time.Minute || ban.Left > time.Hour {
+		t.Errorf("listed %+v, want k1's ban of an hour after 2 denials", ban)
+	}
+	if d := ban.Start.Sub(before); d < -time.Second || d > time.Minute {
+		t.Errorf("the ban started at %s, %s after the test began: not Redis' time of now", ban.Start, d)
+	}
+	key := "reg:bans:{bans}:api"
+	if ttl, _ := strconv.ParseInt(srv.MustDo("PTTL", key), 10, 64); ttl < (24*time.Hour+59*time.Minute).Milliseconds() || ttl > (25*time.Hour).Milliseconds() {
+		t.Errorf("PTTL %s = %dms, want the ban's hour and a day", key, ttl)
+	}
+	if m := srv.MustDo("ZRANGE", key, "0", "-1"); !strings.HasSuffix(m, " 2 k1 api") {
+		t.Errorf("the registry holds %q", m)
+	}
+	if got := srv.MustDo("EXISTS", "reg:bans:{bans}:dry"); got != "0" {
+		t.Errorf("a dry-run zone's would-be ban is listed (EXISTS = %s)", got)
+	}
+}
+
+// TestRedisUnbanAcrossNodes: a ban lifted on one node is lifted for the
+// fleet: gone from Redis and the registry, dropped from the lifting node's
+// deny cache at once and from the other node's as the channel's message
+// arrives, so that the other node's next request is decided by its bucket
+// again; meanwhile the other node answered the ban from its cache, without
+// Redis.
+func TestRedisUnbanAcrossNodes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "lift:"})
+	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "lift:"})
+	r := windowBanRule(t, "api", time.Hour)
+	for range 3 {
+		a.decide(r, "k")
+	}
+	if res := b.decide(r, "k"); !res.Banned || res.RetryAfter <= 59*time.Minute {
+		t.Fatalf("node b: %+v, want banned for about an hour", res)
+	}
+	hits := b.lim.Cache().Hits()
+	for range 10 {
+		if res := b.decide(r, "k"); !res.Banned {
+			t.Fatalf("node b: %+v, want banned", res)
+		}
+	}
+	if got := b.lim.Cache().Hits() - hits; got != 10 {
+		t.Errorf("node b answered %d of 10 banned requests from its deny cache, want all", got)
+	}
+	a.waitBans(t, []string{"api"}, 1)
+
+	rec, lifted, err := a.lim.Unban(context.Background(), r, "k")
+	if err != nil || !lifted {
+		t.Fatalf("Unban: lifted %v, %v", lifted, err)
+	}
+	if rec.Key != "k" || rec.Zone != "api" || rec.Denials != 2 || rec.End.Sub(rec.Start) != time.Hour || rec.Left <= 59*time.Minute {
+		t.Errorf("lifted %+v", rec)
+	}
+	if a.lim.Cache().Len() != 0 {
+		t.Errorf("node a's cache still holds %d buckets", a.lim.Cache().Len())
+	}
+	bk := a.store.Key(r.Bucket(), "k")
+	if got := srv.MustDo("EXISTS", bk+"!ban", bk+"!den"); got != "0" {
+		t.Errorf("EXISTS ban and denials = %s, want both gone", got)
+	}
+	waitFor(t, "node b's cache forgets the ban", func() bool { return b.lim.Cache().Len() == 0 })
+	// The window still holds its one request: denied, not banned.
+	if res := b.decide(r, "k"); res.Banned || res.Allowed {
+		t.Errorf("node b after the unban: %+v, want a plain denial", res)
+	}
+	if bans, err := b.lim.Bans(context.Background(), []string{"api"}, 10); err != nil || len(bans) != 0 {
+		t.Errorf("still listed: %v, %v", bansOf(bans), err)
+	}
+	if m := srv.MustDo("ZRANGE", "lift:bans:{bans}!lifted", "0", "-1"); m != "k api" {
+		t.Errorf("lifted lately: %q, want \"k api\"", m)
+	}
+	if _, lifted, err := a.lim.Unban(context.Background(), r, "k"); lifted || err != nil {
+		t.Errorf("a second Unban: lifted %v, %v; want nothing to lift", lifted, err)
+	}
+}
+
+// TestRedisUnbanMissedMessage: a node whose subscription was down when a
+// ban was lifted (its message missed) forgets the ban when it subscribes
+// again, from the bans lifted lately.
+func TestRedisUnbanMissedMessage(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "miss:"})
+	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "miss:"})
+	r := windowBanRule(t, "api", time.Hour)
+	for range 3 {
+		a.decide(r, "k")
+	}
+	if res := b.decide(r, "k"); !res.Banned {
+		t.Fatalf("node b: %+v, want banned", res)
+	}
+	// The lift as Unban makes it, less the message: as if b's
+	// subscription had been down.
+	ctx := context.Background()
+	bk := a.store.Key(r.Bucket(), "k")
+	srv.MustDo("DEL", bk+"!ban", bk+"!den")
+	if err := a.store.unlist(ctx, "api", r.Bucket(), "k", "k "+r.Bucket(), true); err != nil {
+		t.Fatal(err)
+	}
+	if b.lim.Cache().Len() == 0 {
+		t.Fatal("node b forgot the ban without a message")
+	}
+	// Now b's subscription fails, and comes back.
+	srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub")
+	waitFor(t, "node b's cache forgets the ban after subscribing again", func() bool { return b.lim.Cache().Len() == 0 })
+	if res := b.decide(r, "k"); res.Banned {
+		t.Errorf("node b: %+v, want no ban", res)
+	}
+	// And the channel works again.
+	for range 3 {
+		a.decide(r, "k2")
+	}
+	if res := b.decide(r, "k2"); !res.Banned {
+		t.Fatalf("node b: %+v, want k2 banned", res)
+	}
+	if _, lifted, err := a.lim.Unban(ctx, r, "k2"); !lifted || err != nil {
+		t.Fatalf("Unban k2: %v, %v", lifted, err)
+	}
+	waitFor(t, "node b's cache forgets k2's ban", func() bool { return b.lim.Cache().Len() == 0 })
+}
+
+// TestRedisBansCluster: on a Redis Cluster the registry lists the bans of
+// keys in every slot, and a lift reaches the other node's deny cache.
+func TestRedisBansCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	opt := RedisOptions{Addresses: cl.Addrs(), KeyPrefix: "cl:"}
+	a, b := newBanNode(t, opt), newBanNode(t, opt)
+	r := windowBanRule(t, "api", time.Hour)
+	keys := []string{"alpha", "bravo", "charlie", "delta", "echo"}
+	for _, k := range keys {
+		for range 3 {
+			a.decide(r, k)
+		}
+		if res := b.decide(r, k); !res.Banned {
+			t.Fatalf("%s on node b: %+v, want banned", k, res)
+		}
+	}
+	bans := b.waitBans(t, []string{"api"}, len(keys))
+	for _, ban := range bans {
+		if ban.Denials != 2 || ban.End.Sub(ban.Start) != time.Hour {
+			t.Errorf("listed %+v", ban)
+		}
+	}
+	for _, k := range keys {
+		if _, lifted, err := a.lim.Unban(context.Background(), r, k); !lifted || err != nil {
+			t.Fatalf("Unban %s: %v, %v", k, lifted, err)
+		}
+	}
+	waitFor(t, "node b's cache forgets every ban", func() bool { return b.lim.Cache().Len() == 0 })
+	for _, k := range keys {
+		if res := b.decide(r, k); res.Banned {
+			t.Errorf("%s on node b after the unban: %+v", k, res)
+		}
+	}
+	if bans, err := a.lim.Bans(context.Background(), []string{"api"}, 10); err != nil || len(bans) != 0 {
+		t.Errorf("still listed: %v, %v", bansOf(bans), err)
+	}
+}
+
+// banACL is the ACL line of docs/operations.md (as tests/topology_test.go
+// has it), with the test's key prefix.
+const banACL = "resetkeys ~acl:* resetchannels -@all +evalsha +eval +script|load +ping +hello +auth " +
+	"+time +mget +set +del +pexpire +zadd +zrange +zrevrange +zremrangebyscore +zcard +zscore +zrem " +
+	"+hincrby +expire +hgetall +zrangebyscore +get +zremrangebyrank +publish +subscribe &acl:bans"
+
+// TestRedisBansACL: the registry, the lift and the channel need nothing
+// beyond the documented ACL line, and log no refusal.
+func TestRedisBansACL(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	srv.AddUser("bans", "bans-pw", strings.Fields(banACL)...)
+	core, logs := observer.New(zap.WarnLevel)
+	opt := RedisOptions{Address: srv.Addr, KeyPrefix: "acl:", Username: "bans", Password: "bans-pw", Log: zap.New(core)}
+	a, b := newBanNode(t, opt), newBanNode(t, opt)
+	r := windowBanRule(t, "api", time.Hour)
+	for range 3 {
+		a.decide(r, "k")
+	}
+	if res := b.decide(r, "k"); !res.Banned {
+		t.Fatalf("node b: %+v, want banned", res)
+	}
+	b.waitBans(t, []string{"api"}, 1)
+	if _, lifted, err := a.lim.Unban(context.Background(), r, "k"); !lifted || err != nil {
+		t.Fatalf("Unban: %v, %v", lifted, err)
+	}
+	waitFor(t, "node b's cache forgets the ban", func() bool { return b.lim.Cache().Len() == 0 })
+	for _, e := range logs.All() {
+		t.Errorf("logged: %s %v", e.Message, e.ContextMap())
+	}
+}
