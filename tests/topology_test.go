@@ -266,4 +266,4 @@ func TestRedisTLSAndACL(t *testing.T) {
 // user (without the optional +info).
 const aclRules = "resetkeys ~rl:* resetchannels -@all +evalsha +eval +script|load +ping +hello +auth " +
 	"+time +mget +set +del +pexpire +zadd +zrange +zrevrange +zremrangebyscore +zcard +zscore +zrem " +
-	"+hincrby +expire +hgetall +zrangebyscore +get +zremrangebyrank +publish +subscribe &rl:bans"
+	"+hincrby +expire +hgetall +zrangebyscore +get +zremrangebyrank +publish +subscribe +xadd +xrevrange &rl:bans"
