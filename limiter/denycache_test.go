@@ -111,8 +111,12 @@ func TestDenyCacheFloodCostsOneCallPerRefill(t *testing.T) {
 	bound := 5 + int64(elapsed/(100*time.Millisecond))
 	calls := inner.calls.Load()
 	t.Logf("%s of flood: %d admitted (bound %d), %d store calls, %d cache hits", elapsed.Round(time.Millisecond), admitted.Load(), bound, calls, cache.Hits())
-	if admitted.Load() > bound || admitted.Load() < bound-2 {
-		t.Errorf("admitted %d, want the bound %d (within 2 for timing)", admitted.Load(), bound)
+	// Never over the bound; under it only by what a busy machine's
+	// scheduling costs (a probe that runs late lets a token wait): the
+	// cache must not starve the key, but a 2-core machine running other
+	// tests can delay the flood's goroutines by tens of milliseconds.
+	if admitted.Load() > bound || admitted.Load() < bound*2/3 {
+		t.Errorf("admitted %d, want the bound %d (at least two thirds of it on a busy machine)", admitted.Load(), bound)
 	}
 	// About one call per refill (15 in 1.5 s), plus the first burst of 5.
 	// The cache learns a bucket's state as of when the request was sent,
