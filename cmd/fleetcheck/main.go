@@ -13,11 +13,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/progenv"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -27,14 +27,14 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "how long to load the fleet")
 	flag.Parse()
 
-	env := newEnv()
-	defer env.close()
+	env := progenv.New("fleetcheck")
+	defer env.Close()
 	code := run(env, *nodes, *conns, *duration)
-	env.close()
+	env.Close()
 	os.Exit(code)
 }
 
-func run(env *env, nodeCount, conns int, d time.Duration) int {
+func run(env *progenv.Env, nodeCount, conns int, d time.Duration) int {
 	fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
 	bin, err := localfleet.BuildCaddy(env.TempDir())
 	if err != nil {
@@ -77,50 +77,4 @@ func run(env *env, nodeCount, conns int, d time.Duration) int {
 	}
 	fmt.Println("PASS: no bucket above its bound; every saturated bucket at 98% of it or more.")
 	return 0
-}
-
-// env runs the test helpers outside a test: failures end the program,
-// cleanups run on exit.
-type env struct {
-	dir      string
-	cleanups []func()
-	once     sync.Once
-}
-
-func newEnv() *env {
-	dir, err := os.MkdirTemp("", "fleetcheck-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	return &env{dir: dir}
-}
-
-func (e *env) Helper() {}
-
-func (e *env) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"fleetcheck:"}, args...)...)
-	e.close()
-	os.Exit(2)
-}
-
-func (e *env) Fatalf(format string, args ...any) { e.Fatal(fmt.Sprintf(format, args...)) }
-
-func (e *env) Cleanup(f func()) { e.cleanups = append(e.cleanups, f) }
-
-func (e *env) TempDir() string {
-	d, err := os.MkdirTemp(e.dir, "t")
-	if err != nil {
-		e.Fatal(err)
-	}
-	return filepath.Clean(d)
-}
-
-func (e *env) close() {
-	e.once.Do(func() {
-		for i := len(e.cleanups) - 1; i >= 0; i-- {
-			e.cleanups[i]()
-		}
-		os.RemoveAll(e.dir)
-	})
 }

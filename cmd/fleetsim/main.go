@@ -20,12 +20,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/progenv"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -79,8 +78,8 @@ func main() {
 	}
 	c.Log = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 
-	env := newEnv()
-	defer env.close()
+	env := progenv.New("fleetsim")
+	defer env.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	targets := startTargets(env, topo, single, cluster, username, password, masters)
@@ -98,13 +97,13 @@ func main() {
 		})
 	}
 	code := run(ctx, c, targets, runs)
-	env.close()
+	env.Close()
 	os.Exit(code)
 }
 
 // startTargets returns the Redis set-ups to run against: the given ones,
 // else those of topo, started here.
-func startTargets(env *env, topo, single, cluster, username, password string, masters int) []target {
+func startTargets(env *progenv.Env, topo, single, cluster, username, password string, masters int) []target {
 	var ts []target
 	if single != "" {
 		ts = append(ts, target{name: "single", addrs: []string{single}, username: username, password: password})
@@ -167,50 +166,4 @@ func run(ctx context.Context, c config, targets []target, runs int) int {
 		fmt.Println("PASS: no bucket admitted more than burst + rate x elapsed")
 	}
 	return code
-}
-
-// env runs the test helpers outside a test: failures end the program,
-// cleanups run on exit.
-type env struct {
-	dir      string
-	cleanups []func()
-	once     sync.Once
-}
-
-func newEnv() *env {
-	dir, err := os.MkdirTemp("", "fleetsim-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	return &env{dir: dir}
-}
-
-func (e *env) Helper() {}
-
-func (e *env) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"fleetsim:"}, args...)...)
-	e.close()
-	os.Exit(2)
-}
-
-func (e *env) Fatalf(format string, args ...any) { e.Fatal(fmt.Sprintf(format, args...)) }
-
-func (e *env) Cleanup(f func()) { e.cleanups = append(e.cleanups, f) }
-
-func (e *env) TempDir() string {
-	d, err := os.MkdirTemp(e.dir, "t")
-	if err != nil {
-		e.Fatal(err)
-	}
-	return filepath.Clean(d)
-}
-
-func (e *env) close() {
-	e.once.Do(func() {
-		for i := len(e.cleanups) - 1; i >= 0; i-- {
-			e.cleanups[i]()
-		}
-		os.RemoveAll(e.dir)
-	})
 }
