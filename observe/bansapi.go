@@ -2,12 +2,10 @@ package observe
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -43,17 +41,9 @@ type bansBody struct {
 	Time time.Time `json:"time"`
 	// Stores are the stores whose registries were read, each with the
 	// error that kept its bans from the list, if any.
-	Stores []bansStore `json:"stores"`
+	Stores []storeSource `json:"stores"`
 	// Bans are the bans in force, those that end last first.
 	Bans []banJSON `json:"bans"`
-}
-
-// bansStore is a store whose registry was read: "fleet" (Redis: every
-// node's bans) or "node" (the memory store: this process's).
-type bansStore struct {
-	Name   string `json:"name"`
-	Source string `json:"source"`
-	Error  string `json:"error,omitempty"`
 }
 
 // banJSON is one ban. Key is there only when the handler of its zone has
@@ -143,7 +133,7 @@ func banOf(s *storeStats, z *banZone, b *limiter.BanRecord) banJSON {
 // collectBans lists the bans in force of the zone named (of every zone if
 // zone is ""), at most limit per zone and store.
 func collectBans(ctx context.Context, now time.Time, zone string, limit int) *bansBody {
-	out := &bansBody{Node: nodeID, Time: now, Stores: []bansStore{}, Bans: []banJSON{}}
+	out := &bansBody{Node: nodeID, Time: now, Stores: []storeSource{}, Bans: []banJSON{}}
 	byStore := banZones(zone)
 	for _, s := range sortedStores(byStore) {
 		zones := byStore[s]
@@ -154,16 +144,13 @@ func collectBans(ctx context.Context, now time.Time, zone string, limit int) *ba
 			names[i] = zones[i].stats.name
 			byName[names[i]] = &zones[i]
 		}
-		src := bansStore{Name: s.name, Source: "node"}
+		src := storeSource{Name: s.name, Source: "node"}
 		if s.redis != nil {
 			src.Source = "fleet"
 		}
 		bans, err := zones[0].keeper.Bans(ctx, names, limit)
 		if err != nil {
-			src.Error = err.Error()
-			if errors.Is(err, context.DeadlineExceeded) {
-				src.Error = "redis did not answer in time"
-			}
+			src.Error = redisError(err)
 		}
 		out.Stores = append(out.Stores, src)
 		for i := range bans {
@@ -249,21 +236,11 @@ func serveBans(w http.ResponseWriter, r *http.Request, rest string) (int, error)
 // serveBanList answers GET /rate_limit/bans?zone=NAME&limit=N (limit 1 to
 // limiter.MaxBanRecords, default bansDefaultLimit).
 func serveBanList(w http.ResponseWriter, r *http.Request) (int, error) {
-	q := r.URL.Query()
-	limit := bansDefaultLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > limiter.MaxBanRecords {
-			return http.StatusBadRequest, fmt.Errorf("limit must be 1 to %d bans", limiter.MaxBanRecords)
-		}
-		limit = n
-	}
-	body, err := json.Marshal(collectBans(r.Context(), time.Now(), q.Get("zone"), limit))
+	limit, err := intParam(r, "limit", bansDefaultLimit, 1, limiter.MaxBanRecords, "bans")
 	if err != nil {
-		return http.StatusInternalServerError, err
+		return http.StatusBadRequest, err
 	}
-	writeJSON(w, r, body)
-	return 0, nil
+	return answerJSON(w, r, collectBans(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit))
 }
 
 // serveLift answers DELETE /rate_limit/bans/<zone>/<key or digest>, and
@@ -284,14 +261,5 @@ func serveLift(w http.ResponseWriter, r *http.Request, rest string) (int, error)
 	if err != nil {
 		return status, err
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	_, _ = w.Write(b)
-	return 0, nil
+	return answerJSON(w, r, body)
 }

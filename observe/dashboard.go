@@ -1,8 +1,10 @@
 package observe
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -159,31 +161,60 @@ func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, e
 }
 
 func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
-	series := seriesSeconds
-	if v := r.URL.Query().Get("series"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > seriesSeconds {
-			return http.StatusBadRequest, fmt.Errorf("series must be 0 to %d seconds", seriesSeconds)
-		}
-		series = n
+	series, err := intParam(r, "series", seriesSeconds, 0, seriesSeconds, "seconds")
+	if err != nil {
+		return http.StatusBadRequest, err
 	}
-	body, err := json.Marshal(collectStats(r.Context(), time.Now(), series))
+	return answerJSON(w, r, collectStats(r.Context(), time.Now(), series))
+}
+
+// intParam returns the query parameter name of r, an integer from lo to hi,
+// or def if it is absent; otherwise an error that states the range in unit.
+func intParam(r *http.Request, name string, def, lo, hi int, unit string) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s must be %d to %d %s", name, lo, hi, unit)
+	}
+	return n, nil
+}
+
+// answerJSON answers with v as a JSON body that no cache may keep (no body
+// to a HEAD).
+func answerJSON(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	body, err := json.Marshal(v)
 	if err != nil {
 		return http.StatusInternalServerError, err
 	}
-	writeJSON(w, r, body)
-	return 0, nil
-}
-
-// writeJSON answers with a JSON body that no cache may keep.
-func writeJSON(w http.ResponseWriter, r *http.Request, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	if r.Method == http.MethodGet {
+	if r.Method != http.MethodHead {
 		_, _ = w.Write(body)
 	}
+	return 0, nil
+}
+
+// storeSource says where a store's part of a list (the denial feed, the
+// bans) comes from: "fleet" (Redis: every node's) or "node" (this
+// process's: the memory store, or for the feed a Redis store whose streams
+// could not be read). Error says what kept the store's part from the list.
+type storeSource struct {
+	Name   string `json:"name"`
+	Source string `json:"source"`
+	Error  string `json:"error,omitempty"`
+}
+
+// redisError is the message of a failed read of Redis.
+func redisError(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "redis did not answer in time"
+	}
+	return err.Error()
 }
 
 // Interface guards

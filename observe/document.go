@@ -2,7 +2,6 @@ package observe
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strings"
 	"time"
@@ -383,11 +382,7 @@ type fleetRead struct {
 // zone returns one zone's part of a fleet read.
 func (fr *fleetRead) zone(name string, series int) *statsFleet {
 	if fr.err != nil {
-		msg := fr.err.Error()
-		if errors.Is(fr.err, context.DeadlineExceeded) {
-			msg = "redis did not answer in time"
-		}
-		return &statsFleet{Nodes: []string{}, Error: msg}
+		return &statsFleet{Nodes: []string{}, Error: redisError(fr.err)}
 	}
 	fz := fr.view.Zones[name]
 	if fz == nil {

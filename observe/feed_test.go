@@ -207,7 +207,7 @@ func TestDecidedRecordsDenials(t *testing.T) {
 	if denied != want {
 		t.Errorf("denial %+v, want %+v", denied, want)
 	}
-	var src *denialsStore
+	var src *storeSource
 	for i := range body.Stores {
 		if body.Stores[i].Name == s.name {
 			src = &body.Stores[i]

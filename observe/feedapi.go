@@ -2,12 +2,9 @@ package observe
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -34,19 +31,9 @@ type denialsBody struct {
 	// Time is when the feed was read.
 	Time time.Time `json:"time"`
 	// Stores say where the denials of each store come from.
-	Stores []denialsStore `json:"stores"`
+	Stores []storeSource `json:"stores"`
 	// Denials are the newest denials, newest first.
 	Denials []denialJSON `json:"denials"`
-}
-
-// denialsStore says where a store's denials come from: "fleet" (the Redis
-// streams every node sends a sample to) or "node" (this node's own last
-// denials: the memory store, or a Redis store whose streams could not be
-// read, Error saying why).
-type denialsStore struct {
-	Name   string `json:"name"`
-	Source string `json:"source"`
-	Error  string `json:"error,omitempty"`
 }
 
 // denialJSON is one denial. Key is there only when the node that denied
@@ -104,7 +91,7 @@ func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([
 // limit denials of the zone named (of every zone if zone is ""), newest
 // first.
 func collectDenials(ctx context.Context, now time.Time, zone string, limit int) *denialsBody {
-	out := &denialsBody{Node: nodeID, Time: now, Stores: []denialsStore{}, Denials: []denialJSON{}}
+	out := &denialsBody{Node: nodeID, Time: now, Stores: []storeSource{}, Denials: []denialJSON{}}
 	zonesOf := map[*storeStats][]string{}
 	zoneRegistry.Range(func(_, v any) bool {
 		z := v.(*zoneStats)
@@ -121,7 +108,7 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
 	var all []limiter.Denial
 	for _, s := range stores {
-		src := denialsStore{Name: s.name, Source: "node"}
+		src := storeSource{Name: s.name, Source: "node"}
 		if s.redis != nil {
 			names := zonesOf[s]
 			sort.Strings(names)
@@ -132,10 +119,7 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 				out.Stores = append(out.Stores, src)
 				continue
 			}
-			src.Error = err.Error()
-			if errors.Is(err, context.DeadlineExceeded) {
-				src.Error = "redis did not answer in time"
-			}
+			src.Error = redisError(err)
 		}
 		all = append(all, s.feed.recent(zone, limit)...)
 		out.Stores = append(out.Stores, src)
@@ -151,19 +135,9 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 // serveDenials answers GET /rate_limit/denials?zone=NAME&limit=N (limit 1
 // to limiter.DenialStreamLength, default feedDefaultLimit).
 func serveDenials(w http.ResponseWriter, r *http.Request) (int, error) {
-	q := r.URL.Query()
-	limit := feedDefaultLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > limiter.DenialStreamLength {
-			return http.StatusBadRequest, fmt.Errorf("limit must be 1 to %d denials", limiter.DenialStreamLength)
-		}
-		limit = n
-	}
-	body, err := json.Marshal(collectDenials(r.Context(), time.Now(), q.Get("zone"), limit))
+	limit, err := intParam(r, "limit", feedDefaultLimit, 1, limiter.DenialStreamLength, "denials")
 	if err != nil {
-		return http.StatusInternalServerError, err
+		return http.StatusBadRequest, err
 	}
-	writeJSON(w, r, body)
-	return 0, nil
+	return answerJSON(w, r, collectDenials(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit))
 }
