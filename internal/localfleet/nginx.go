@@ -2,13 +2,11 @@ package localfleet
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
@@ -26,8 +24,7 @@ type Nginx struct {
 	// Log holds everything the process printed, its error log included.
 	Log *SyncBuffer
 
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when cmd has exited
+	proc proc
 }
 
 // NginxBinary returns the nginx to run: $NGINX if set, else nginx on
@@ -107,79 +104,35 @@ func StartNginx(t redistest.T, bin string, port int, http, readyPath string, fil
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxPreamble, n.Dir, http)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = exec.Command(bin, "-p", n.Dir+"/", "-c", conf)
-	n.cmd.Stdout, n.cmd.Stderr = n.Log, n.Log
-	n.cmd.SysProcAttr = sysProcAttr()
-	if err := n.cmd.Start(); err != nil {
-		t.Fatalf("starting nginx: %v", err)
+	p, err := startProc("nginx", exec.Command(bin, "-p", n.Dir+"/", "-c", conf), n.Log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(n.cmd, n.exited)
+	n.proc = p
 	t.Cleanup(n.Stop)
-	n.waitReady(t, readyPath)
+	// Ready when nginx itself answers readyPath (another process could
+	// hold a port that was free a moment ago: nginx would then exit).
+	var last error
+	ready := func() bool {
+		resp, err := readyClient.Get(n.URL + readyPath)
+		last = err
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return strings.HasPrefix(resp.Header.Get("Server"), "nginx") && resp.StatusCode < 300
+	}
+	n.proc.waitReady(t, ready, func() string {
+		return fmt.Sprintf("nginx did not answer %s within %s (last: %v)", readyPath, readyTimeout, last)
+	})
 	return n
 }
 
-// waitReady waits until nginx answers readyPath itself (another process
-// could hold a port that was free a moment ago: nginx would then exit).
-func (n *Nginx) waitReady(t redistest.T, readyPath string) {
-	t.Helper()
-	deadline := time.NewTimer(readyTimeout)
-	defer deadline.Stop()
-	poll := time.NewTicker(50 * time.Millisecond)
-	defer poll.Stop()
-	for {
-		resp, err := readyClient.Get(n.URL + readyPath)
-		if err == nil {
-			resp.Body.Close()
-			if strings.HasPrefix(resp.Header.Get("Server"), "nginx") && resp.StatusCode < 300 {
-				return
-			}
-		}
-		select {
-		case <-n.exited:
-			t.Fatalf("nginx exited at start (%v); its output:\n%s", n.cmd.ProcessState, n.Log.String())
-		case <-deadline.C:
-			t.Fatalf("nginx did not answer %s within %s (last: %v); its output:\n%s", readyPath, readyTimeout, err, n.Log.String())
-		case <-poll.C:
-		}
-	}
-}
-
 // Stop kills the process and waits for it. Calling it twice is harmless.
-func (n *Nginx) Stop() {
-	if n.cmd == nil || n.cmd.Process == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.exited
-	n.cmd = nil
-}
+func (n *Nginx) Stop() { n.proc.stop() }
 
 // Get sends one GET request through nginx with optional headers
 // ("Name: value").
 func (n *Nginx) Get(path string, headers ...string) (Response, error) {
-	return get(n.URL+path, headers...)
-}
-
-// get sends one GET request to url with optional headers ("Name: value").
-func get(url string, headers ...string) (Response, error) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		return Response{}, err
-	}
-	for _, h := range headers {
-		k, v, _ := strings.Cut(h, ":")
-		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return Response{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return Response{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}, err
+	return do(http.MethodGet, n.URL+path, headers...)
 }

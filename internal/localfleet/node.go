@@ -61,8 +61,7 @@ type Node struct {
 	t       redistest.T
 	bin     string
 	cfgPath string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed when cmd has exited (its ProcessState is set)
+	proc    proc
 	env     []string
 }
 
@@ -97,20 +96,17 @@ func StartNode(t redistest.T, bin, globals, site string, env ...string) *Node {
 	n.URL = fmt.Sprintf("http://127.0.0.1:%d", n.Port)
 	n.cfgPath = filepath.Join(t.TempDir(), "Caddyfile")
 	n.writeConfig(globals, site)
-	n.cmd = exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
-	n.cmd.Stdout, n.cmd.Stderr = n.Log, n.Log
-	n.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
-	n.cmd.SysProcAttr = sysProcAttr()
-	if err := n.cmd.Start(); err != nil {
-		t.Fatalf("starting caddy: %v", err)
+	cmd := exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
+	cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
+	p, err := startProc("caddy", cmd, n.Log)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, exited chan struct{}) {
-		_ = cmd.Wait()
-		close(exited)
-	}(n.cmd, n.exited)
+	n.proc = p
 	t.Cleanup(n.Stop)
-	n.waitReady()
+	n.proc.waitReady(t, n.ready, func() string {
+		return fmt.Sprintf("caddy did not become ready within %s", readyTimeout)
+	})
 	return n
 }
 
@@ -120,29 +116,6 @@ func (n *Node) writeConfig(globals, site string) {
 		n.Admin, globals, n.Port, site)
 	if err := os.WriteFile(n.cfgPath, []byte(cfg), 0o600); err != nil {
 		n.t.Fatal(err)
-	}
-}
-
-// readyTimeout bounds how long a node may take to serve its configuration.
-const readyTimeout = 20 * time.Second
-
-// waitReady waits until the node serves its configuration, and fails the
-// test with the node's output when it does not within readyTimeout, or at
-// once when the process exits.
-func (n *Node) waitReady() {
-	n.t.Helper()
-	deadline := time.NewTimer(readyTimeout)
-	defer deadline.Stop()
-	poll := time.NewTicker(50 * time.Millisecond)
-	defer poll.Stop()
-	for !n.ready() {
-		select {
-		case <-n.exited:
-			n.t.Fatalf("caddy exited at start (%v); its output:\n%s", n.cmd.ProcessState, n.Log.String())
-		case <-deadline.C:
-			n.t.Fatalf("caddy did not become ready within %s; its output:\n%s", readyTimeout, n.Log.String())
-		case <-poll.C:
-		}
 	}
 }
 
@@ -173,14 +146,7 @@ func (n *Node) Reload(globals, site string) error {
 }
 
 // Stop kills the process and waits for it. Calling it twice is harmless.
-func (n *Node) Stop() {
-	if n.cmd == nil || n.cmd.Process == nil {
-		return
-	}
-	_ = n.cmd.Process.Kill()
-	<-n.exited
-	n.cmd = nil
-}
+func (n *Node) Stop() { n.proc.stop() }
 
 // Response is what a test needs of an HTTP response.
 type Response struct {
@@ -196,7 +162,12 @@ var client = &http.Client{Timeout: 10 * time.Second}
 
 // Do sends one request with optional headers ("Name: value").
 func (n *Node) Do(method, path string, headers ...string) (Response, error) {
-	req, err := http.NewRequest(method, n.URL+path, nil)
+	return do(method, n.URL+path, headers...)
+}
+
+// do sends one request to url with optional headers ("Name: value").
+func do(method, url string, headers ...string) (Response, error) {
+	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		return Response{}, err
 	}
