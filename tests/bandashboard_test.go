@@ -5,8 +5,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +41,7 @@ const readBans = `(() => {
 // button lifts it: the row goes, and neither node answers the key banned.
 // Not in parallel, like TestDashboardInChromium: one browser at a time.
 func TestDashboardBansInChromium(t *testing.T) {
-	bin := findChromium()
-	if bin == "" {
-		t.Fatal("chromium is required by this test and is not installed (.ci/run installs it: apt-get install chromium)")
-	}
+	bin := requireChromium(t)
 	r := redistest.Start(t)
 	site := fmt.Sprintf(banSite, digestSecret, r.Addr)
 	a, b := startCaddy(t, "", site), startCaddy(t, "", site)
@@ -58,29 +53,10 @@ func TestDashboardBansInChromium(t *testing.T) {
 
 	a.allowAdminOrigins(a.Admin, "")
 	page, output := openPage(t, bin, "http://"+a.Admin+"/rate_limit/")
-	read := func() banRows {
-		t.Helper()
-		c, cancel := context.WithTimeout(page, 10*time.Second)
-		defer cancel()
-		s, err := chromedp.Run(c, chromedp.Evaluate[banRows](readBans))
-		if err != nil {
-			t.Fatalf("reading the dashboard: %v\nchromium output:\n%s", err, output)
-		}
-		return s
-	}
+	read := func() banRows { return readPage[banRows](t, page, output, readBans) }
 	waitFor := func(what string, cond func(banRows) bool) banRows {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			s := read()
-			if cond(s) {
-				return s
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the dashboard never showed %s; it shows %+v", what, s)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		return waitForPage(t, what, 15*time.Second, read, cond)
 	}
 
 	s := waitFor("the ban", func(s banRows) bool { return len(s.Keys) == 1 })
@@ -91,11 +67,8 @@ func TestDashboardBansInChromium(t *testing.T) {
 	defer cancel()
 	// A screenshot of the list, for a person to look at.
 	if png, err := chromedp.Run(c, chromedp.CaptureScreenshot()); err == nil {
-		if dir, err := artifactDir(); err == nil {
-			path := filepath.Join(dir, "dashboard-bans.png")
-			if os.WriteFile(path, png, 0o644) == nil {
-				t.Logf("dashboard screenshot: %s", path)
-			}
+		if path, err := saveArtifact("dashboard-bans.png", png); err == nil {
+			t.Logf("dashboard screenshot: %s", path)
 		}
 	}
 	clicked, err := chromedp.Run(c, chromedp.Evaluate[bool](`(() => {

@@ -79,10 +79,7 @@ const readDashboard = `(() => {
 // a lot for a small machine, and the suite's latency tests should not pay
 // for them.
 func TestDashboardInChromium(t *testing.T) {
-	bin := findChromium()
-	if bin == "" {
-		t.Fatal("chromium is required by this test and is not installed (.ci/run installs it: apt-get install chromium)")
-	}
+	bin := requireChromium(t)
 	r := redistest.Start(t)
 	site := fmt.Sprintf(`
 	rate_limit {
@@ -144,16 +141,7 @@ func TestDashboardInChromium(t *testing.T) {
 
 	page, output := openPage(t, bin, "http://"+a.Admin+"/rate_limit/")
 
-	read := func() dashboardState {
-		t.Helper()
-		c, cancel := context.WithTimeout(page, 10*time.Second)
-		defer cancel()
-		s, err := chromedp.Run(c, chromedp.Evaluate[dashboardState](readDashboard))
-		if err != nil {
-			t.Fatalf("reading the dashboard: %v\nchromium output:\n%s", err, output)
-		}
-		return s
-	}
+	read := func() dashboardState { return readPage[dashboardState](t, page, output, readDashboard) }
 	zone := func(s dashboardState, name string) int {
 		for i := range s.Zones {
 			if s.Zones[i].Name == name {
@@ -162,23 +150,8 @@ func TestDashboardInChromium(t *testing.T) {
 		}
 		return -1
 	}
-	// waitFor polls the page until cond holds.
-	waitFor := func(what string, timeout time.Duration, cond func(dashboardState) bool) dashboardState {
-		t.Helper()
-		deadline := time.Now().Add(timeout)
-		for {
-			s := read()
-			if cond(s) {
-				return s
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the dashboard never showed %s; it shows %+v", what, s)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
 
-	first := waitFor("both zones with denials", 15*time.Second, func(s dashboardState) bool {
+	first := waitForPage(t, "both zones with denials", 15*time.Second, read, func(s dashboardState) bool {
 		i, j := zone(s, "api"), zone(s, "login")
 		return s.Updates >= 1 && i >= 0 && j >= 0 && s.Zones[i].LocalSum > 0 && s.Zones[i].TopKey != ""
 	})
@@ -198,7 +171,7 @@ func TestDashboardInChromium(t *testing.T) {
 	// has moved on and holds more denials, the table's counts grew, and
 	// the fleet panel counts both nodes and their denials.
 	time.Sleep(2500 * time.Millisecond)
-	later := waitFor("the fleet's denials from two nodes", 15*time.Second, func(s dashboardState) bool {
+	later := waitForPage(t, "the fleet's denials from two nodes", 15*time.Second, read, func(s dashboardState) bool {
 		i := zone(s, "api")
 		return i >= 0 && s.Zones[i].FleetSum > 0 && strings.Contains(s.Zones[i].FleetTitle, "2 nodes")
 	})
@@ -216,7 +189,7 @@ func TestDashboardInChromium(t *testing.T) {
 	// counts (each node reports the seconds that are complete): with two
 	// nodes under the same load it soon holds more than half of what this
 	// node alone counts.
-	waitFor("fleet denials above half of this node's", 10*time.Second, func(s dashboardState) bool {
+	waitForPage(t, "fleet denials above half of this node's", 10*time.Second, read, func(s dashboardState) bool {
 		i := zone(s, "api")
 		return i >= 0 && s.Zones[i].FleetSum > s.Zones[i].LocalSum/2
 	})
@@ -237,15 +210,22 @@ func TestDashboardInChromium(t *testing.T) {
 	if !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) || len(png) < 10_000 {
 		t.Fatalf("screenshot of %d bytes is not a PNG of a page", len(png))
 	}
-	dir, err := artifactDir()
+	path, err := saveArtifact("dashboard.png", png)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "dashboard.png")
-	if err := os.WriteFile(path, png, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	t.Logf("dashboard screenshot: %s", path)
+}
+
+// requireChromium returns the Chromium to run (findChromium), and fails
+// the test if there is none.
+func requireChromium(t *testing.T) string {
+	t.Helper()
+	bin := findChromium()
+	if bin == "" {
+		t.Fatal("chromium is required by this test and is not installed (.ci/run installs it: apt-get install chromium)")
+	}
+	return bin
 }
 
 // findChromium returns the Chromium to run: $CHROMIUM if set, else
@@ -307,15 +287,51 @@ func openPage(t *testing.T, bin, pageURL string) (page context.Context, output f
 	return page, out
 }
 
-// artifactDir returns the directory where tests keep what a person may want
-// to look at afterwards: $FLEETLIMIT_ARTIFACTS, or fleetlimit-artifacts in
-// the system's temporary directory. It creates it.
-func artifactDir() (string, error) {
+// readPage evaluates js in page, a tab from openPage, and returns its
+// value; it fails the test, with chromium's output, if it cannot.
+func readPage[S any](t *testing.T, page context.Context, output fmt.Stringer, js string) S {
+	t.Helper()
+	c, cancel := context.WithTimeout(page, 10*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(c, chromedp.Evaluate[S](js))
+	if err != nil {
+		t.Fatalf("reading the dashboard: %v\nchromium output:\n%s", err, output)
+	}
+	return s
+}
+
+// waitForPage reads the page every 200 ms until cond holds of what read
+// returns, and returns that; it fails the test if cond does not hold
+// within timeout (what: what the test waits to see).
+func waitForPage[S any](t *testing.T, what string, timeout time.Duration, read func() S, cond func(S) bool) S {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s := read()
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dashboard never showed %s; it shows %+v", what, s)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// saveArtifact writes data to the file name in the directory where tests
+// keep what a person may want to look at afterwards: $FLEETLIMIT_ARTIFACTS,
+// or fleetlimit-artifacts in the system's temporary directory (created if
+// need be). It returns the file's path.
+func saveArtifact(name string, data []byte) (string, error) {
 	dir := os.Getenv("FLEETLIMIT_ARTIFACTS")
 	if dir == "" {
 		dir = filepath.Join(os.TempDir(), "fleetlimit-artifacts")
 	}
-	return dir, os.MkdirAll(dir, 0o755)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	return path, os.WriteFile(path, data, 0o644)
 }
 
 // allowAdminOrigins sets the admin endpoint's allowed origins through the
