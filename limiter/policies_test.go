@@ -55,6 +55,17 @@ func decide(t testing.TB, s Store, reqs ...Request) (bool, []Result) {
 	return ok, res
 }
 
+// decideTimes decides reqs n times and returns each time's results, to
+// refund later.
+func decideTimes(t testing.TB, s Store, n int, reqs ...Request) [][]Result {
+	t.Helper()
+	charged := make([][]Result, n)
+	for i := range charged {
+		_, charged[i] = decide(t, s, reqs...)
+	}
+	return charged
+}
+
 // refund gives back the charges of zones reqs, decided with results, and
 // fails the test on a store error.
 func refund(t testing.TB, s Store, reqs []Request, results []Result) {
@@ -564,11 +575,7 @@ func TestRefundTokenBucket(t *testing.T) {
 	eachStore(t, epoch, func(t *testing.T, s *policyStore) {
 		r := mustConfig(t, RuleConfig{Name: "tb", Rate: 3, Per: time.Second, Burst: 3, Refunds: true})
 		q := []Request{{Rule: r, Key: "k", Cost: 1}}
-		var charged [][]Result
-		for range 3 {
-			_, res := decide(t, s, q...)
-			charged = append(charged, res)
-		}
+		charged := decideTimes(t, s, 3, q...)
 		if ok, _ := decide(t, s, q...); ok {
 			t.Fatal("an empty bucket admitted")
 		}
@@ -592,11 +599,7 @@ func TestRefundFixedWindow(t *testing.T) {
 	eachStore(t, windowStart(epoch, w)+1_000_000, func(t *testing.T, s *policyStore) {
 		r := mustConfig(t, RuleConfig{Name: "fw", Algorithm: FixedWindow, Rate: 3, Per: w, Refunds: true})
 		q := []Request{{Rule: r, Key: "k", Cost: 1}}
-		var charged [][]Result
-		for range 3 {
-			_, res := decide(t, s, q...)
-			charged = append(charged, res)
-		}
+		charged := decideTimes(t, s, 3, q...)
 		if ok, _ := decide(t, s, q...); ok {
 			t.Fatal("a full window admitted")
 		}
@@ -640,11 +643,7 @@ func TestRefundSlidingWindow(t *testing.T) {
 	eachStore(t, start+5_000_000, func(t *testing.T, s *policyStore) {
 		r := mustConfig(t, RuleConfig{Name: "sw", Algorithm: SlidingWindow, Rate: 4, Per: w, Refunds: true})
 		q := []Request{{Rule: r, Key: "k", Cost: 1}}
-		var charged [][]Result
-		for range 4 {
-			_, res := decide(t, s, q...)
-			charged = append(charged, res)
-		}
+		charged := decideTimes(t, s, 4, q...)
 		refund(t, s, q, charged[0])
 		if ok, _ := decide(t, s, q...); !ok {
 			t.Fatal("after a refund in the window: denied")

@@ -36,6 +36,34 @@ func newBanNode(t *testing.T, opt RedisOptions) *banNode {
 	return &banNode{store: s, lim: New(s, Options{Cache: NewDenyCache(DenyCacheOptions{})})}
 }
 
+// newBanNodes returns two nodes on the same Redis.
+func newBanNodes(t *testing.T, opt RedisOptions) (a, b *banNode) {
+	t.Helper()
+	return newBanNode(t, opt), newBanNode(t, opt)
+}
+
+// banAcross bans key in r's zone (a windowBanRule) through node a, with
+// three requests, and fails the test unless node b then answers it
+// banned; it returns b's answer.
+func banAcross(t *testing.T, a, b *banNode, r *Rule, key string) Result {
+	t.Helper()
+	for range 3 {
+		a.decide(r, key)
+	}
+	res := b.decide(r, key)
+	if !res.Banned {
+		t.Fatalf("%s on node b: %+v, want banned", key, res)
+	}
+	return res
+}
+
+// waitForgotten waits until the node's deny cache is empty (a lift's
+// message arrived).
+func (n *banNode) waitForgotten(t *testing.T, what string) {
+	t.Helper()
+	waitFor(t, what, func() bool { return n.lim.Cache().Len() == 0 })
+}
+
 // decide decides one request of key in rule's zone on the node.
 func (n *banNode) decide(r *Rule, key string) Result {
 	res := make([]Result, 1)
@@ -77,8 +105,7 @@ func (n *banNode) waitBans(t *testing.T, zones []string, want int) []BanRecord {
 func TestRedisBanRegistry(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "reg:"})
-	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "reg:"})
+	a, b := newBanNodes(t, RedisOptions{Address: srv.Addr, KeyPrefix: "reg:"})
 	r := windowBanRule(t, "api", time.Hour)
 	dry := mustConfig(t, RuleConfig{Name: "dry", Algorithm: FixedWindow, Rate: 1, Per: time.Minute, DryRun: true,
 		Ban: Ban{Duration: time.Hour, After: 2, Window: time.Minute}})
@@ -125,13 +152,9 @@ func TestRedisBanRegistry(t *testing.T) {
 func TestRedisUnbanAcrossNodes(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "lift:"})
-	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "lift:"})
+	a, b := newBanNodes(t, RedisOptions{Address: srv.Addr, KeyPrefix: "lift:"})
 	r := windowBanRule(t, "api", time.Hour)
-	for range 3 {
-		a.decide(r, "k")
-	}
-	if res := b.decide(r, "k"); !res.Banned || res.RetryAfter <= 59*time.Minute {
+	if res := banAcross(t, a, b, r, "k"); res.RetryAfter <= 59*time.Minute {
 		t.Fatalf("node b: %+v, want banned for about an hour", res)
 	}
 	hits := b.lim.Cache().Hits()
@@ -159,7 +182,7 @@ func TestRedisUnbanAcrossNodes(t *testing.T) {
 	if got := srv.MustDo("EXISTS", bk+"!ban", bk+"!den"); got != "0" {
 		t.Errorf("EXISTS ban and denials = %s, want both gone", got)
 	}
-	waitFor(t, "node b's cache forgets the ban", func() bool { return b.lim.Cache().Len() == 0 })
+	b.waitForgotten(t, "node b's cache forgets the ban")
 	// The window still holds its one request: denied, not banned.
 	if res := b.decide(r, "k"); res.Banned || res.Allowed {
 		t.Errorf("node b after the unban: %+v, want a plain denial", res)
@@ -181,15 +204,9 @@ func TestRedisUnbanAcrossNodes(t *testing.T) {
 func TestRedisUnbanMissedMessage(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	a := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "miss:"})
-	b := newBanNode(t, RedisOptions{Address: srv.Addr, KeyPrefix: "miss:"})
+	a, b := newBanNodes(t, RedisOptions{Address: srv.Addr, KeyPrefix: "miss:"})
 	r := windowBanRule(t, "api", time.Hour)
-	for range 3 {
-		a.decide(r, "k")
-	}
-	if res := b.decide(r, "k"); !res.Banned {
-		t.Fatalf("node b: %+v, want banned", res)
-	}
+	banAcross(t, a, b, r, "k")
 	// The lift as Unban makes it, less the message: as if b's
 	// subscription had been down.
 	ctx := context.Background()
@@ -203,21 +220,16 @@ func TestRedisUnbanMissedMessage(t *testing.T) {
 	}
 	// Now b's subscription fails, and comes back.
 	srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub")
-	waitFor(t, "node b's cache forgets the ban after subscribing again", func() bool { return b.lim.Cache().Len() == 0 })
+	b.waitForgotten(t, "node b's cache forgets the ban after subscribing again")
 	if res := b.decide(r, "k"); res.Banned {
 		t.Errorf("node b: %+v, want no ban", res)
 	}
 	// And the channel works again.
-	for range 3 {
-		a.decide(r, "k2")
-	}
-	if res := b.decide(r, "k2"); !res.Banned {
-		t.Fatalf("node b: %+v, want k2 banned", res)
-	}
+	banAcross(t, a, b, r, "k2")
 	if _, lifted, err := a.lim.Unban(ctx, r, "k2"); !lifted || err != nil {
 		t.Fatalf("Unban k2: %v, %v", lifted, err)
 	}
-	waitFor(t, "node b's cache forgets k2's ban", func() bool { return b.lim.Cache().Len() == 0 })
+	b.waitForgotten(t, "node b's cache forgets k2's ban")
 }
 
 // TestRedisBansCluster: on a Redis Cluster the registry lists the bans of
@@ -226,16 +238,11 @@ func TestRedisBansCluster(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	opt := RedisOptions{Addresses: cl.Addrs(), KeyPrefix: "cl:"}
-	a, b := newBanNode(t, opt), newBanNode(t, opt)
+	a, b := newBanNodes(t, opt)
 	r := windowBanRule(t, "api", time.Hour)
 	keys := []string{"alpha", "bravo", "charlie", "delta", "echo"}
 	for _, k := range keys {
-		for range 3 {
-			a.decide(r, k)
-		}
-		if res := b.decide(r, k); !res.Banned {
-			t.Fatalf("%s on node b: %+v, want banned", k, res)
-		}
+		banAcross(t, a, b, r, k)
 	}
 	bans := b.waitBans(t, []string{"api"}, len(keys))
 	for _, ban := range bans {
@@ -248,7 +255,7 @@ func TestRedisBansCluster(t *testing.T) {
 			t.Fatalf("Unban %s: %v, %v", k, lifted, err)
 		}
 	}
-	waitFor(t, "node b's cache forgets every ban", func() bool { return b.lim.Cache().Len() == 0 })
+	b.waitForgotten(t, "node b's cache forgets every ban")
 	for _, k := range keys {
 		if res := b.decide(r, k); res.Banned {
 			t.Errorf("%s on node b after the unban: %+v", k, res)
@@ -273,19 +280,14 @@ func TestRedisBansACL(t *testing.T) {
 	srv.AddUser("bans", "bans-pw", strings.Fields(banACL)...)
 	core, logs := observer.New(zap.WarnLevel)
 	opt := RedisOptions{Address: srv.Addr, KeyPrefix: "acl:", Username: "bans", Password: "bans-pw", Log: zap.New(core)}
-	a, b := newBanNode(t, opt), newBanNode(t, opt)
+	a, b := newBanNodes(t, opt)
 	r := windowBanRule(t, "api", time.Hour)
-	for range 3 {
-		a.decide(r, "k")
-	}
-	if res := b.decide(r, "k"); !res.Banned {
-		t.Fatalf("node b: %+v, want banned", res)
-	}
+	banAcross(t, a, b, r, "k")
 	b.waitBans(t, []string{"api"}, 1)
 	if _, lifted, err := a.lim.Unban(context.Background(), r, "k"); !lifted || err != nil {
 		t.Fatalf("Unban: %v, %v", lifted, err)
 	}
-	waitFor(t, "node b's cache forgets the ban", func() bool { return b.lim.Cache().Len() == 0 })
+	b.waitForgotten(t, "node b's cache forgets the ban")
 	for _, e := range logs.All() {
 		t.Errorf("logged: %s %v", e.Message, e.ContextMap())
 	}
