@@ -70,9 +70,9 @@ var metrics = struct {
 	refunds       *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
-	breaker       *breakerCollector
-	evictions     *evictionsCollector
-	clockOffset   *clockCollector
+	breaker       *scrapeCollector
+	evictions     *scrapeCollector
+	clockOffset   *scrapeCollector
 
 	// mu guards users: how many stats values use the series of a zone or
 	// store name. Their series are deleted when the last one goes, not
@@ -83,24 +83,15 @@ var metrics = struct {
 
 func initMetrics() {
 	metrics.once.Do(func() {
-		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace,
-			Subsystem: metricsSubsystem,
-			Name:      "decisions_total",
-			Help:      "Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied, banned, dry_run_denied.",
-		}, []string{"zone", "outcome"})
-		metrics.refunds = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace,
-			Subsystem: metricsSubsystem,
-			Name:      "refunds_total",
-			Help:      "Charges given back after the response, per zone (count_status refunds, concurrency slots released), by result: applied, or dropped because the store failed (the charge stays).",
-		}, []string{"zone", "result"})
-		metrics.cacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace,
-			Subsystem: metricsSubsystem,
-			Name:      "deny_cache_hits_total",
-			Help:      "Requests denied by the node's deny cache without asking the store, per zone.",
-		}, []string{"zone"})
+		metrics.decisions = newCounterVec("decisions_total",
+			"Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied, banned, dry_run_denied.",
+			"zone", "outcome")
+		metrics.refunds = newCounterVec("refunds_total",
+			"Charges given back after the response, per zone (count_status refunds, concurrency slots released), by result: applied, or dropped because the store failed (the charge stays).",
+			"zone", "result")
+		metrics.cacheHits = newCounterVec("deny_cache_hits_total",
+			"Requests denied by the node's deny cache without asking the store, per zone.",
+			"zone")
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: metricsNamespace,
 			Subsystem: metricsSubsystem,
@@ -108,25 +99,29 @@ func initMetrics() {
 			Help:      "Time of each decision call to the shared store (Redis), failed ones included.",
 			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"store"})
-		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace,
-			Subsystem: metricsSubsystem,
-			Name:      "store_errors_total",
-			Help:      "Decisions the shared store (Redis) could not make, by reason: timeout, breaker_open, oom, auth, error.",
-		}, []string{"store", "reason"})
-		metrics.breaker = &breakerCollector{desc: prometheus.NewDesc(
-			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "breaker_open"),
+		metrics.storeErrors = newCounterVec("store_errors_total",
+			"Decisions the shared store (Redis) could not make, by reason: timeout, breaker_open, oom, auth, error.",
+			"store", "reason")
+		metrics.breaker = newScrapeCollector("breaker_open",
 			"1 while the store's circuit breaker is open or waiting for its probe (decisions take the zones' failure policies), else 0.",
-			[]string{"store"}, nil)}
-		metrics.evictions = &evictionsCollector{desc: prometheus.NewDesc(
-			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "evictions_total"),
+			"store", prometheus.GaugeValue, breakerStates)
+		metrics.evictions = newScrapeCollector("evictions_total",
 			"Buckets of the zone this node's memory store evicted before they were full, to make room for new keys (max_keys).",
-			[]string{"zone"}, nil)}
-		metrics.clockOffset = &clockCollector{desc: prometheus.NewDesc(
-			prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "clock_offset_seconds"),
+			"zone", prometheus.CounterValue, zoneEvictions)
+		metrics.clockOffset = newScrapeCollector("clock_offset_seconds",
 			"Redis' TIME minus this node's clock, measured once a second (negative when this node's clock is ahead); buckets never depend on it.",
-			[]string{"store"}, nil)}
+			"store", prometheus.GaugeValue, clockOffsets)
 	})
+}
+
+// newCounterVec returns a counter of this module's namespace and subsystem.
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      name,
+		Help:      help,
+	}, labels)
 }
 
 // registerMetrics registers the collectors into a config's registry; ones
@@ -186,10 +181,9 @@ func claimZoneSeries(zone string) zoneSeries {
 func releaseZoneSeries(zone string) {
 	metrics.mu.Lock()
 	defer metrics.mu.Unlock()
-	if metrics.users["zone:"+zone]--; metrics.users["zone:"+zone] > 0 {
+	if !dropUser("zone:" + zone) {
 		return
 	}
-	delete(metrics.users, "zone:"+zone)
 	for _, name := range outcomeNames {
 		metrics.decisions.DeleteLabelValues(zone, name)
 	}
@@ -197,6 +191,17 @@ func releaseZoneSeries(zone string) {
 	for _, r := range refundResults {
 		metrics.refunds.DeleteLabelValues(zone, r)
 	}
+}
+
+// dropUser counts one user less of the series of key ("zone:NAME",
+// "store:NAME"), and reports whether it was the last. metrics.mu must be
+// held.
+func dropUser(key string) bool {
+	if metrics.users[key]--; metrics.users[key] > 0 {
+		return false
+	}
+	delete(metrics.users, key)
+	return true
 }
 
 // storeSeries are a store's metrics.
@@ -220,28 +225,45 @@ func claimStoreSeries(store string) storeSeries {
 func releaseStoreSeries(store string) {
 	metrics.mu.Lock()
 	defer metrics.mu.Unlock()
-	if metrics.users["store:"+store]--; metrics.users["store:"+store] > 0 {
+	if !dropUser("store:" + store) {
 		return
 	}
-	delete(metrics.users, "store:"+store)
 	metrics.storeDuration.DeleteLabelValues(store)
 	for _, r := range reasonNames {
 		metrics.storeErrors.DeleteLabelValues(store, r)
 	}
 }
 
-// breakerCollector reports each Redis store's circuit breaker at scrape
-// time. Two stores of the same name (the same servers, with settings that
-// differ otherwise) are reported as one: open if either is.
-type breakerCollector struct {
-	desc *prometheus.Desc
+// scrapeCollector reports a metric whose values are read when scraped:
+// one series per value of its one label.
+type scrapeCollector struct {
+	desc      *prometheus.Desc
+	valueType prometheus.ValueType
+	read      func() map[string]float64 // the values by label value
 }
 
-// Describe sends the gauge's description (prometheus.Collector).
-func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func newScrapeCollector(name, help, label string, valueType prometheus.ValueType, read func() map[string]float64) *scrapeCollector {
+	return &scrapeCollector{
+		desc:      prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name), help, []string{label}, nil),
+		valueType: valueType,
+		read:      read,
+	}
+}
 
-// Collect sends each store's breaker state (prometheus.Collector).
-func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
+// Describe sends the metric's description (prometheus.Collector).
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect sends the values read now (prometheus.Collector).
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, val := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, c.valueType, val, name)
+	}
+}
+
+// breakerStates returns each Redis store's circuit breaker: 1 if open, else
+// 0. Two stores of the same name (the same servers, with settings that
+// differ otherwise) are reported as one: open if either is.
+func breakerStates() map[string]float64 {
 	open := map[string]float64{}
 	storeRegistry.Range(func(_, v any) bool {
 		s := v.(*storeStats)
@@ -255,24 +277,14 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 		open[s.name] = max(open[s.name], val)
 		return true
 	})
-	for name, val := range open {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, val, name)
-	}
+	return open
 }
 
-// evictionsCollector reports each zone's evictions from this process's
-// memory store, read when scraped (the store counts them itself).
-type evictionsCollector struct {
-	desc *prometheus.Desc
-}
-
-// Describe sends the counter's description (prometheus.Collector).
-func (c *evictionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-// Collect sends each zone's evictions (prometheus.Collector), summed by
-// zone name: zones of one name on several stores are one series (each
-// memory bucket counted once, though several zones fall back to it).
-func (c *evictionsCollector) Collect(ch chan<- prometheus.Metric) {
+// zoneEvictions returns each zone's evictions from this process's memory
+// store (the store counts them itself), summed by zone name: zones of one
+// name on several stores are one series (each memory bucket counted once,
+// though several zones fall back to it).
+func zoneEvictions() map[string]float64 {
 	type bucket struct {
 		memory *limiter.MemoryStore
 		name   string
@@ -290,28 +302,22 @@ func (c *evictionsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return true
 	})
+	out := make(map[string]float64, len(buckets))
 	for name, bs := range buckets {
 		var n uint64
 		for b := range bs {
 			n += b.memory.Evictions(b.name)
 		}
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), name)
+		out[name] = float64(n)
 	}
+	return out
 }
 
-// clockCollector reports this node's clock offset against each Redis
-// store's TIME at scrape time: the latest estimate of the store's clock
-// watcher (clock.go), absent until its first reading. Two stores of the
-// same name report the first one's.
-type clockCollector struct {
-	desc *prometheus.Desc
-}
-
-// Describe sends the gauge's description (prometheus.Collector).
-func (c *clockCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-// Collect sends each Redis store's clock offset (prometheus.Collector).
-func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
+// clockOffsets returns this node's clock offset against each Redis store's
+// TIME: the latest estimate of the store's clock watcher (clock.go), absent
+// until its first reading. Two stores of the same name report the first
+// one's.
+func clockOffsets() map[string]float64 {
 	offsets := map[string]float64{}
 	storeRegistry.Range(func(_, v any) bool {
 		s := v.(*storeStats)
@@ -322,7 +328,5 @@ func (c *clockCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return true
 	})
-	for name, val := range offsets {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, val, name)
-	}
+	return offsets
 }
