@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
@@ -61,30 +60,12 @@ func denialOf(d *limiter.Denial) denialJSON {
 	}
 }
 
-// feedRead is a Redis store's last read of its streams (see feedReadCache).
-type feedRead struct {
-	mu  sync.Mutex
-	key string
-	at  time.Time
-	ds  []limiter.Denial
-	err error
-}
-
 // readFeed returns the store's fleet denials of zones, reusing a read
 // younger than feedReadCache.
 func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([]limiter.Denial, error) {
-	key := fmt.Sprint(zones, limit)
-	r := &s.feedRead
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if key == r.key && time.Since(r.at) < feedReadCache {
-		return r.ds, r.err
-	}
-	ctx, cancel := context.WithTimeout(ctx, feedTimeout)
-	defer cancel()
-	r.ds, r.err = s.redis.ReadDenials(ctx, zones, limit)
-	r.key, r.at = key, time.Now()
-	return r.ds, r.err
+	return s.feedRead.get(ctx, fmt.Sprint(zones, limit), feedReadCache, feedTimeout, func(ctx context.Context) ([]limiter.Denial, error) {
+		return s.redis.ReadDenials(ctx, zones, limit)
+	})
 }
 
 // collectDenials gathers the feed of every store in the process: up to

@@ -61,11 +61,8 @@ type fleetReporter struct {
 	// fleet within limiter.FleetNodeTimeout (0: none yet).
 	nodes atomic.Int64
 
-	readMu   sync.Mutex
-	readKey  string
-	readAt   time.Time
-	readView *limiter.FleetView
-	readErr  error
+	// last is the last read of the fleet's counts (see fleetReadCache).
+	last cachedRead[*limiter.FleetView]
 }
 
 func startFleetReporter(s *storeStats) *fleetReporter {
@@ -166,14 +163,33 @@ func (f *fleetReporter) report() {
 // reusing a read younger than fleetReadCache.
 func (f *fleetReporter) read(ctx context.Context, zones []string, seconds int) (*limiter.FleetView, error) {
 	key := strings.Join(zones, "\x00") + "\x00" + strconv.Itoa(seconds)
-	f.readMu.Lock()
-	defer f.readMu.Unlock()
-	if key == f.readKey && time.Since(f.readAt) < fleetReadCache {
-		return f.readView, f.readErr
+	return f.last.get(ctx, key, fleetReadCache, fleetTimeout, func(ctx context.Context) (*limiter.FleetView, error) {
+		return f.s.redis.FleetRead(ctx, zones, seconds)
+	})
+}
+
+// cachedRead is the last read of a Redis store (the fleet's counts, the
+// denial streams), reused while it is young, so that several open
+// dashboards cost Redis one read a second.
+type cachedRead[T any] struct {
+	mu  sync.Mutex
+	key string // what was read: the read's arguments
+	at  time.Time
+	val T
+	err error
+}
+
+// get returns the read of key: the last one if it was of key and is
+// younger than maxAge, else a new one, by read with a context of timeout.
+func (c *cachedRead[T]) get(ctx context.Context, key string, maxAge, timeout time.Duration, read func(context.Context) (T, error)) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if key == c.key && time.Since(c.at) < maxAge {
+		return c.val, c.err
 	}
-	ctx, cancel := context.WithTimeout(ctx, fleetTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	f.readView, f.readErr = f.s.redis.FleetRead(ctx, zones, seconds)
-	f.readKey, f.readAt = key, time.Now()
-	return f.readView, f.readErr
+	c.val, c.err = read(ctx)
+	c.key, c.at = key, time.Now()
+	return c.val, c.err
 }

@@ -211,7 +211,7 @@ type storeStats struct {
 	writer *feedWriter   // nil for the memory store
 	clock  *clockWatcher // nil for the memory store
 	// feedRead is the last read of a Redis store's denial streams.
-	feedRead feedRead
+	feedRead cachedRead[[]limiter.Denial]
 }
 
 // loadStoreStats takes a reference to a store's stats; release it with
