@@ -225,19 +225,27 @@ func (n *node) flood(count int, headers ...string) {
 // deniedLines returns the JSON log lines of denials in Caddy's output.
 func deniedLines(t *testing.T, log string) []map[string]any {
 	t.Helper()
+	return logLines(t, log, "rate limit exceeded")
+}
+
+// logLines returns the JSON log lines whose message is msg in Caddy's
+// output. It fails the test on such a line that is not JSON.
+func logLines(t *testing.T, log, msg string) []map[string]any {
+	t.Helper()
+	quoted, _ := json.Marshal(msg)
 	var lines []map[string]any
 	sc := bufio.NewScanner(strings.NewReader(log))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		b := sc.Bytes()
-		if !bytes.Contains(b, []byte(`"rate limit exceeded"`)) {
+		if !bytes.Contains(b, quoted) {
 			continue
 		}
 		var l map[string]any
 		if err := json.Unmarshal(b, &l); err != nil {
 			t.Fatalf("log line is not JSON: %s", b)
 		}
-		if l["msg"] == "rate limit exceeded" {
+		if l["msg"] == msg {
 			lines = append(lines, l)
 		}
 	}

@@ -1,9 +1,6 @@
 package tests
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -245,18 +242,8 @@ const dryRunMessage = "rate limit dry run: would deny"
 func dryRunLines(t *testing.T, log, zone string) []map[string]any {
 	t.Helper()
 	var lines []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(log))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		b := sc.Bytes()
-		if !bytes.Contains(b, []byte(dryRunMessage)) {
-			continue
-		}
-		var l map[string]any
-		if err := json.Unmarshal(b, &l); err != nil {
-			t.Fatalf("log line is not JSON: %s", b)
-		}
-		if l["msg"] == dryRunMessage && l["zone"] == zone {
+	for _, l := range logLines(t, log, dryRunMessage) {
+		if l["zone"] == zone {
 			lines = append(lines, l)
 		}
 	}
