@@ -119,13 +119,18 @@ type nodeObserver struct {
 	calls, errs, hits atomic.Int64
 }
 
+// StoreDecided counts a store call, and its error.
 func (o *nodeObserver) StoreDecided(_ time.Duration, err error) {
 	o.calls.Add(1)
 	if err != nil {
 		o.errs.Add(1)
 	}
 }
-func (o *nodeObserver) CacheDenied(*limiter.Rule)     { o.hits.Add(1) }
+
+// CacheDenied counts a deny cache hit.
+func (o *nodeObserver) CacheDenied(*limiter.Rule) { o.hits.Add(1) }
+
+// Refunded ignores refunds: the simulation makes none.
 func (o *nodeObserver) Refunded(*limiter.Rule, error) {}
 
 // reset zeroes the counts (after the warm-up).
@@ -220,37 +225,16 @@ func simulate(ctx context.Context, c config, t target) (*result, error) {
 			}
 		}
 	}()
-	for i := range nodes {
-		n := &node{}
-		opt := limiter.RedisOptions{
-			Cluster: t.cluster, Username: t.username, Password: t.password, KeyPrefix: prefix,
-			// Generous: the nodes, Redis and the load share this machine's
-			// CPUs; a decision that failed would count as denied.
-			Timeout: c.Timeout, MaxWait: 2 * c.Timeout, Pipelines: c.Pipelines,
-		}
-		opt.Address, opt.Addresses = t.addrs[0], t.addrs[1:]
-		if n.store, err = limiter.NewRedisStore(opt); err != nil {
-			return nil, err
-		}
-		n.lim = limiter.New(n.store, limiter.Options{
-			Cache:    limiter.NewDenyCache(limiter.DenyCacheOptions{}),
-			Observer: &n.obs,
-		})
-		nodes[i] = n
+	if err := startNodes(c, t, prefix, nodes); err != nil {
+		return nil, err
 	}
 	if err := warmUp(ctx, nodes, warm); err != nil {
 		return nil, err
 	}
-	// The nodes' own background work (each store's timers), with no load:
-	// in a real fleet every node pays it once; here one process pays it
-	// for all of them.
-	idle0, idleT := processCPU(), time.Now()
-	select {
-	case <-time.After(time.Second):
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	idle, err := idleCPU(ctx)
+	if err != nil {
+		return nil, err
 	}
-	idle := float64(processCPU()-idle0) / float64(time.Since(idleT))
 	for _, n := range nodes {
 		n.obs.reset()
 	}
@@ -290,6 +274,51 @@ func simulate(ctx context.Context, c config, t target) (*result, error) {
 		return nil, err
 	}
 	res.SimCPU = processCPU() - cpu0
+	res.measure(c, nodes, w, before, after, elapsed)
+	return res, nil
+}
+
+// idleCPU measures, for a second with no load, the share of a CPU the
+// nodes' own background work takes (each store's timers): in a real fleet
+// every node pays it once; here one process pays it for all of them.
+func idleCPU(ctx context.Context) (float64, error) {
+	idle0, idleT := processCPU(), time.Now()
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	return float64(processCPU()-idle0) / float64(time.Since(idleT)), nil
+}
+
+// startNodes starts the simulated nodes, each with its own Redis store
+// (connections), deny cache and limiter, into nodes.
+func startNodes(c config, t target, prefix string, nodes []*node) error {
+	for i := range nodes {
+		n := &node{}
+		opt := limiter.RedisOptions{
+			Cluster: t.cluster, Username: t.username, Password: t.password, KeyPrefix: prefix,
+			// Generous: the nodes, Redis and the load share this machine's
+			// CPUs; a decision that failed would count as denied.
+			Timeout: c.Timeout, MaxWait: 2 * c.Timeout, Pipelines: c.Pipelines,
+		}
+		opt.Address, opt.Addresses = t.addrs[0], t.addrs[1:]
+		var err error
+		if n.store, err = limiter.NewRedisStore(opt); err != nil {
+			return err
+		}
+		n.lim = limiter.New(n.store, limiter.Options{
+			Cache:    limiter.NewDenyCache(limiter.DenyCacheOptions{}),
+			Observer: &n.obs,
+		})
+		nodes[i] = n
+	}
+	return nil
+}
+
+// measure fills the result of a run from the load's counts, the nodes'
+// and Redis' before and after.
+func (res *result) measure(c config, nodes []*node, w *load, before, after []serverStats, elapsed time.Duration) {
 	res.Masters = deltas(before, after)
 	res.Redis = total(res.Masters)
 	res.Elapsed = elapsed
@@ -303,14 +332,14 @@ func simulate(ctx context.Context, c config, t target) (*result, error) {
 		res.SparesReturned += int64(returned)
 	}
 	if c.Client {
-		res.Classes = summarize(stats, c.ClientLimit)
+		res.Classes = summarize(w.stats, c.ClientLimit)
 	}
 	if c.Global {
 		g := classResult{Name: "global", Lo: 0, Hi: 1}
+		gstat := w.gstat
 		g.add(gstat.offered.Load(), gstat.eligible.Load(), gstat.admitted.Load(), gstat.first.Load()-1, gstat.last.Load()-1, c.GlobalLimit)
 		res.Global = &g
 	}
-	return res, nil
 }
 
 // warmUp makes each node connect and load the scripts (on every master of a
