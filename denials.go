@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -40,10 +42,47 @@ func parseDenialLevel(s string) (denialLevel, error) {
 	return 0, fmt.Errorf("unknown log_denials %q (want info, debug or off)", s)
 }
 
-// denialLog writes the log lines of denials.
+// denialLog writes the log lines of denials, and knows how a denial is
+// answered.
 type denialLog struct {
 	level    denialLevel
 	throttle *denialThrottle // with info
+	// asError: a denial is returned as a handler error, because
+	// something may see the error (see provisionDenialAnswer); else the
+	// handler writes the 429 itself.
+	asError bool
+}
+
+// provisionDenialAnswer decides how the handler answers a denial.
+//
+// Returned as a handler error, a denial goes through Caddy's error path:
+// the server sets the {http.error.*} placeholders, runs the handle_errors
+// routes, logs the error (at debug level below 500) and writes the status.
+// That path costs a denial more CPU than the decision itself: before it
+// checks the log level, the server encodes the whole request for its
+// error logger (zap's lazy With is forced by the duration field added to
+// it), and it copies the request for the error's context. So when nothing
+// could see the error, the handler writes the status itself, the same
+// response Caddy would write: no body, the rate limit fields and
+// Retry-After. Something could see it when the server has handle_errors
+// routes, when an enclosing subroute has errors routes, when the HTTP app
+// counts handler errors in its metrics (caddy_http_request_errors_total),
+// or when the logs are at debug level (the server's error log line). The
+// handler is provisioned inside its server, so all of this is known here;
+// handlers provisioned outside a server (tests) return errors.
+func (h *Handler) provisionDenialAnswer(ctx caddy.Context) {
+	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	asError := srv == nil || srv.Errors != nil && len(srv.Errors.Routes) > 0 ||
+		h.logger.Core().Enabled(zapcore.DebugLevel)
+	for _, m := range ctx.Modules() {
+		switch m := m.(type) {
+		case *caddyhttp.App:
+			asError = asError || m.Metrics != nil
+		case *caddyhttp.Subroute:
+			asError = asError || m.Errors != nil && len(m.Errors.Routes) > 0
+		}
+	}
+	h.denials.asError = asError
 }
 
 // provisionDenials sets up the denial log from LogDenials.

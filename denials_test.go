@@ -1,12 +1,19 @@
 package fleetlimit
 
 import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -157,5 +164,122 @@ func TestDenialThrottleBounded(t *testing.T) {
 	}
 	if ok, _ := th.admit("other", "key0", 11); !ok {
 		t.Error("another zone's denial of the same key is a line of its own")
+	}
+}
+
+// TestDenialInPlace: where nothing would see a handler error, a denial is
+// written by the handler: 429 with no body, the rate limit fields and
+// Retry-After, the exceeded placeholder set, and no error returned; the
+// same denial as a handler error carries the same fields.
+func TestDenialInPlace(t *testing.T) {
+	t.Parallel()
+	raw := `{"zones":[{"name":"` + zoneName(t) + `","key":["{http.request.header.X-Key}"],"rate":1,"per":60000000000}]}`
+	for _, inPlace := range []bool{true, false} {
+		h, _ := testHandler(t, raw)
+		h.denials.asError = !inPlace
+		next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+		key := "X-Key: " + strconv.FormatBool(inPlace)
+		if err := h.ServeHTTP(httptest.NewRecorder(), request("GET", "192.0.2.1", key), next); err != nil {
+			t.Fatalf("first request: %v", err)
+		}
+		r := request("GET", "192.0.2.1", key)
+		w := httptest.NewRecorder()
+		err := h.ServeHTTP(w, r, next)
+		if inPlace {
+			if err != nil || w.Code != http.StatusTooManyRequests || w.Body.Len() != 0 {
+				t.Errorf("in place: error %v, status %d, body %q; want nil, 429, none", err, w.Code, w.Body.String())
+			}
+		} else {
+			var he caddyhttp.HandlerError
+			if !errors.As(err, &he) || he.StatusCode != http.StatusTooManyRequests || he.ID == "" {
+				t.Errorf("as error: %#v, want a 429 handler error with an ID", err)
+			}
+		}
+		for _, f := range []string{"Retry-After", "Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"} {
+			if w.Header().Get(f) == "" {
+				t.Errorf("in place %v: no %s field", inPlace, f)
+			}
+		}
+		if got := w.Header().Get("Retry-After"); got != "60" {
+			t.Errorf("in place %v: Retry-After %q, want 60", inPlace, got)
+		}
+		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		if name, _ := repl.GetString("http.rate_limit.exceeded.name"); name != zoneName(t) {
+			t.Errorf("in place %v: exceeded placeholder %q", inPlace, name)
+		}
+	}
+}
+
+// TestDenialAnswer: a handler provisioned in a server answers denials in
+// place unless something would see the handler error: the server's
+// handle_errors routes (rate_limit among them or not), an enclosing
+// subroute's errors routes, the HTTP app's metrics, or logs at debug
+// level.
+func TestDenialAnswer(t *testing.T) {
+	handler := `{"handler":"rate_limit","zones":[{"name":"` + zoneName(t) + `","key":["{http.request.header.X-Key}"],"rate":1,"per":60000000000}]}`
+	respond := `{"handler":"static_response","status_code":429}`
+	// Each server on a loopback address of its own, on any free port.
+	addr := 0
+	server := func(routes, errors string) string {
+		addr++
+		s := `{"listen":["127.0.0.` + strconv.Itoa(addr) + `:0"],"automatic_https":{"disable":true},"routes":[{"handle":[` + routes + `]}]`
+		if errors != "" {
+			s += `,"errors":{"routes":[{"handle":[` + errors + `]}]}`
+		}
+		return s + `}`
+	}
+	subroute := func(errors string) string {
+		s := `{"handler":"subroute","routes":[{"handle":[` + handler + `]}]`
+		if errors != "" {
+			s += `,"errors":{"routes":[{"handle":[` + errors + `]}]}`
+		}
+		return s + `}`
+	}
+	servers := `"servers":{` +
+		`"plain":` + server(handler, "") + `,` +
+		`"subroute":` + server(subroute(""), "") + `,` +
+		`"handle_errors":` + server(handler, respond) + `,` +
+		`"subroute_errors":` + server(subroute(respond), "") + `}`
+	// Not discarded: Caddy gives a log that discards its lines a core that
+	// is enabled at no level.
+	logFile, _ := json.Marshal(filepath.Join(t.TempDir(), "caddy.log"))
+	config := func(level, app string) string {
+		return `{"admin":{"disabled":true},"logging":{"logs":{"default":{"level":"` + level + `","writer":{"output":"file","filename":` +
+			string(logFile) + `}}}},` +
+			`"apps":{"http":{` + app + servers + `}}}`
+	}
+	// handlerOf returns the rate_limit handler of a server's first route,
+	// or of the subroute there.
+	handlerOf := func(srv *caddyhttp.Server) *Handler {
+		mh := srv.Routes[0].Handlers[0]
+		if sr, ok := mh.(*caddyhttp.Subroute); ok {
+			mh = sr.Routes[0].Handlers[0]
+		}
+		return mh.(*Handler)
+	}
+	cases := []struct {
+		name, level, app string
+		asError          map[string]bool // by server
+	}{
+		{"info", "INFO", "", map[string]bool{"plain": false, "subroute": false, "handle_errors": true, "subroute_errors": true}},
+		{"metrics", "INFO", `"metrics":{},`, map[string]bool{"plain": true, "subroute": true, "handle_errors": true, "subroute_errors": true}},
+		{"debug", "DEBUG", "", map[string]bool{"plain": true, "subroute": true, "handle_errors": true, "subroute_errors": true}},
+	}
+	for _, c := range cases {
+		if err := caddy.Load([]byte(config(c.level, c.app)), true); err != nil {
+			t.Fatalf("%s: loading the config: %v", c.name, err)
+		}
+		app, err := caddy.ActiveContext().App("http")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, want := range c.asError {
+			if got := handlerOf(app.(*caddyhttp.App).Servers[name]).denials.asError; got != want {
+				t.Errorf("%s, server %s: denials as handler errors %v, want %v", c.name, name, got, want)
+			}
+		}
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Error(err)
 	}
 }

@@ -22,9 +22,6 @@ import (
 // away before it was decided (nginx's 499, as Caddy's reverse proxy uses).
 const statusClientClosed = 499
 
-// exceededPlaceholder names the zone that denied a request.
-const exceededPlaceholder = "http.rate_limit.exceeded.name"
-
 // Provision checks the configuration (validate), then sets up the zones,
 // the store, the observability and the limiter.
 func (h *Handler) Provision(ctx caddy.Context) error {
@@ -41,6 +38,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionDenials(); err != nil {
 		return err
 	}
+	h.provisionDenialAnswer(ctx)
 	if err := h.provisionCompat(); err != nil {
 		return err
 	}
@@ -270,7 +268,14 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		return false, caddyhttp.Error(statusClientClosed, r.Context().Err())
 	}
 	// Before shown() drops the zones a cached denial left unconsulted.
-	h.obs.Decided(r, repl, outcome, obs, reqs, results)
+	admitted := outcome == limiter.Allowed || outcome == limiter.LocalAllowed
+	var den denier // the zone that answers a denial
+	exceeded := ""
+	if !admitted && outcome != limiter.FailedOpen && outcome != limiter.FailedClosed {
+		den = denierOf(zones, results)
+		exceeded = den.zone.Name
+	}
+	h.obs.Decided(r, repl, outcome, obs, reqs, results, exceeded)
 	h.logDryRuns(r, reqs, zones, results)
 	h.logBanStarts(r, reqs, zones, results)
 	switch outcome {
@@ -279,7 +284,6 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	case limiter.FailedClosed:
 		return false, h.unavailable(w, results)
 	}
-	admitted := outcome == limiter.Allowed || outcome == limiter.LocalAllowed
 	if admitted {
 		sc.hold(outcome, reqs, zones, results)
 	}
@@ -290,14 +294,14 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		policy = policyOf(applied, reqs)
 	}
 	sreqs, szones, sapplied, sresults := shown(reqs, zones, applied, results)
-	h.headers.write(w.Header(), szones, sapplied, sresults, policy)
-	if admitted {
-		if err := h.wait(w, r, szones, sresults); err != nil {
-			return false, err
-		}
-		return true, nil
+	if !admitted {
+		return false, h.deny(w, r, den, sreqs, szones, sapplied, sresults, policy)
 	}
-	return false, h.deny(w, r, repl, sreqs, szones, sresults)
+	h.headers.write(w.Header(), szones, sapplied, sresults, policy, noRetryAfter)
+	if err := h.wait(w, r, szones, sresults); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // errUnavailable is the error of a request rejected because the store
@@ -318,40 +322,63 @@ func (h *Handler) unavailable(w http.ResponseWriter, results []limiter.Result) e
 	return caddyhttp.Error(http.StatusServiceUnavailable, errUnavailable)
 }
 
-// deny answers a request that a zone denied: Retry-After for the latest
-// moment any denying zone can admit it, the exceeded placeholder, the log
-// lines of log_denials, and a 429 handler error.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, reqs []limiter.Request, zones []*Zone, results []limiter.Result) error {
-	var first *Zone
-	var retry time.Duration
-	never := false
+// denier is what answers a denied request: the zone whose error it is
+// (the first that denied, or one that no wait will satisfy), and the wait
+// until every denying zone can admit it.
+type denier struct {
+	zone  *Zone
+	retry time.Duration
+	never bool // a zone's cost exceeds its burst: no wait helps
+}
+
+// denierOf returns the denier of a request that zones denied.
+func denierOf(zones []*Zone, results []limiter.Result) denier {
+	var d denier
 	for i, res := range results {
 		if res.Allowed { // Unknown results are Allowed too
 			continue
 		}
-		if first == nil {
-			first = zones[i]
+		if d.zone == nil {
+			d.zone = zones[i]
 		}
 		if res.RetryAfter == limiter.Never {
-			never = true
-			first = zones[i]
+			d.never = true
+			d.zone = zones[i]
 		}
-		retry = max(retry, res.RetryAfter)
+		d.retry = max(d.retry, res.RetryAfter)
 	}
-	repl.Set(exceededPlaceholder, first.Name)
-	if never {
-		h.logDenials(r, reqs, zones, results, retry)
-		return denial(first.errNever)
-	}
-	wait := h.jitter(retry)
-	h.logDenials(r, reqs, zones, results, wait)
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(retryAfterSeconds(wait), 10)}
-	for i := range results {
-		if results[i].Banned && zones[i] == first {
-			return denial(first.errBanned)
+	return d
+}
+
+// deny answers a request that the zones of den denied: the rate limit
+// fields, Retry-After for the latest moment any denying zone can admit it,
+// the log lines of log_denials, and a 429: a handler error, or written
+// here when nothing would see the error (see provisionDenialAnswer), in
+// which case it returns nil.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, reqs []limiter.Request, zones []*Zone,
+	applied []*appliedRule, results []limiter.Result, policy string) error {
+	first := den.zone
+	err, retryAfter := first.errDenied, noRetryAfter
+	if den.never {
+		h.logDenials(r, reqs, zones, results, den.retry)
+		err = first.errNever
+	} else {
+		wait := h.jitter(den.retry)
+		h.logDenials(r, reqs, zones, results, wait)
+		retryAfter = retryAfterSeconds(wait)
+		for i := range results {
+			if results[i].Banned && zones[i] == first {
+				err = first.errBanned
+				break
+			}
 		}
 	}
-	return denial(first.errDenied)
+	h.headers.write(w.Header(), zones, applied, results, policy, retryAfter)
+	if h.denials.asError {
+		return denial(err)
+	}
+	w.WriteHeader(http.StatusTooManyRequests)
+	return nil
 }
 
 // denial returns the 429 handler error of a denied request. It is what

@@ -25,6 +25,7 @@ const (
 	hdrLegacyLimit     = "X-Ratelimit-Limit"
 	hdrLegacyRemaining = "X-Ratelimit-Remaining"
 	hdrLegacyReset     = "X-Ratelimit-Reset"
+	hdrRetryAfter      = "Retry-After"
 )
 
 func parseHeaderMode(s string) (headerMode, error) {
@@ -42,7 +43,11 @@ func parseHeaderMode(s string) (headerMode, error) {
 }
 
 // policyOf returns the RateLimit-Policy value for the rules a request
-// applied: every enforced zone's (a dry run sends no fields).
+// applied: every enforced zone's (a dry run sends no fields). Not inlined:
+// its buffer would enlarge the request path's stack frame even when the
+// policy does not vary (see Handler.limit).
+//
+//go:noinline
 func policyOf(applied []*appliedRule, reqs []limiter.Request) string {
 	var buf [256]byte
 	b := buf[:0]
@@ -58,7 +63,12 @@ func policyOf(applied []*appliedRule, reqs []limiter.Request) string {
 	return string(b)
 }
 
-// write sets the header fields for the zones that decided a request.
+// noRetryAfter is write's retryAfter when the response has no Retry-After.
+const noRetryAfter int64 = -1
+
+// write sets the header fields for the zones that decided a request, and
+// Retry-After (whole seconds) unless retryAfter is noRetryAfter: a denial
+// sends it whatever the mode.
 //
 // IETF (draft-ietf-httpapi-ratelimit-headers-10): RateLimit-Policy lists
 // each zone as `"name";q=<rate>;w=<period in seconds>`, and RateLimit as
@@ -67,18 +77,33 @@ func policyOf(applied []*appliedRule, reqs []limiter.Request) string {
 // the RateLimit-Policy value: every zone that applies to the request (a
 // zone left unconsulted by a cached denial is in the policy but not in
 // RateLimit).
-func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, results []limiter.Result, policy string) {
-	if m == headersNone || len(zones) == 0 {
+func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, results []limiter.Result, policy string, retryAfter int64) {
+	ietf := m == headersBoth || m == headersIETF
+	legacy := m == headersBoth || m == headersLegacy
+	if len(zones) == 0 {
+		ietf, legacy = false, false
+	}
+	n := 0
+	if ietf {
+		n += 2
+	}
+	if legacy {
+		n += 3
+	}
+	if retryAfter != noRetryAfter {
+		n++
+	}
+	if n == 0 {
 		return
 	}
-	// One array holds every value, and numbers below 100 come from
-	// strconv's table: a response's fields cost two or three allocations.
-	vals := make([]string, 5)
-	if m == headersBoth || m == headersIETF {
-		vals[0] = policy
-		h[hdrPolicy] = vals[0:1:1]
-		var buf [256]byte
-		b := buf[:0]
+	// Two allocations whatever the fields: one array holds the values,
+	// and one string the text of those built here (each value a part of
+	// it).
+	vals := make([]string, n)
+	var buf [256]byte
+	b := buf[:0]
+	rateLimit := 0 // the RateLimit value is b[:rateLimit]
+	if ietf {
 		for i, z := range zones {
 			if i > 0 {
 				b = append(b, ", "...)
@@ -90,21 +115,38 @@ func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, 
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, retryAfterSeconds(results[i].ResetAfter), 10)
 		}
-		vals[1] = string(b)
-		h[hdrRateLimit] = vals[1:2:2]
+		rateLimit = len(b)
 	}
-	if m == headersBoth || m == headersLegacy {
-		least := 0
+	least := 0
+	remaining, reset := rateLimit, rateLimit // X-RateLimit-Remaining is b[rateLimit:remaining], -Reset b[remaining:reset]
+	if legacy {
 		for i := range results {
 			if results[i].Remaining < results[least].Remaining {
 				least = i
 			}
 		}
-		vals[2] = applied[least].rateText
-		vals[3] = strconv.FormatInt(results[least].Remaining, 10)
-		vals[4] = strconv.FormatInt(retryAfterSeconds(results[least].ResetAfter), 10)
-		h[hdrLegacyLimit] = vals[2:3:3]
-		h[hdrLegacyRemaining] = vals[3:4:4]
-		h[hdrLegacyReset] = vals[4:5:5]
+		b = strconv.AppendInt(b, results[least].Remaining, 10)
+		remaining = len(b)
+		b = strconv.AppendInt(b, retryAfterSeconds(results[least].ResetAfter), 10)
+		reset = len(b)
+	}
+	if retryAfter != noRetryAfter {
+		b = strconv.AppendInt(b, retryAfter, 10)
+	}
+	text := string(b)
+	i := 0
+	if ietf {
+		vals[0], vals[1] = policy, text[:rateLimit]
+		h[hdrPolicy], h[hdrRateLimit] = vals[0:1:1], vals[1:2:2]
+		i = 2
+	}
+	if legacy {
+		vals[i], vals[i+1], vals[i+2] = applied[least].rateText, text[rateLimit:remaining], text[remaining:reset]
+		h[hdrLegacyLimit], h[hdrLegacyRemaining], h[hdrLegacyReset] = vals[i:i+1:i+1], vals[i+1:i+2:i+2], vals[i+2:i+3:i+3]
+		i += 3
+	}
+	if retryAfter != noRetryAfter {
+		vals[i] = text[reset:]
+		h[hdrRetryAfter] = vals[i : i+1 : i+1]
 	}
 }

@@ -10,8 +10,14 @@
 // random keys (header X-Key; the zone keys on {header.X-Key}), with a limit
 // nothing reaches, plus the memory store on the random keys with `headers
 // none` (the handler's own cost, without writing five more response
-// fields), a hot key on which most requests are denied, and a light-load
-// pass (-latency-connections) for latency without queueing.
+// fields), a hot key on which most requests are denied, a hot key that is
+// banned, and a light-load pass (-latency-connections) for latency without
+// queueing. Two more plain Caddy configurations are the fair baselines:
+// plain Caddy writing the same five rate limit fields with the header
+// directive (what the fields cost by themselves), and plain Caddy answering
+// `respond 429` with the same fields and Retry-After (what a denial would
+// cost if Caddy answered it statically). Every rate_limit row is reported
+// against plain Caddy and against its fair baseline.
 //
 // It writes results.md, chart.svg and results.json into -out and prints the
 // table. It needs wrk and redis-server on PATH; all traffic stays on
@@ -44,22 +50,69 @@ import (
 const (
 	allowRule = "rate 1000 1h\n\t\t\tburst 100000000"
 	denyRule  = "rate 100 1s"
+	// banRule bans the hot key for an hour after its tenth denial, which
+	// the warm-up reaches: every measured request is answered banned.
+	banRule = denyRule + "\n\t\t\tban 1h after 10 in 1m"
 )
 
-// scenario is a kind of load; each runs against plain Caddy (except the
-// denial scenario, whose reference is plain Caddy of the hot key), the
-// memory store and Redis.
+// The fair baselines' response fields: what rate_limit writes with the
+// rules above (the numbers of the same length), set by the header
+// directive in front of respond.
+var (
+	// allowFields are an admitted request's five fields under allowRule.
+	allowFields = [][2]string{
+		{"RateLimit-Policy", `"bench";q=1000;w=3600`},
+		{"RateLimit", `"bench";r=99999999;t=4`},
+		{"X-RateLimit-Limit", "1000"},
+		{"X-RateLimit-Remaining", "99999999"},
+		{"X-RateLimit-Reset", "4"},
+	}
+	// denyFields are a denied request's fields under denyRule, with
+	// Retry-After.
+	denyFields = [][2]string{
+		{"RateLimit-Policy", `"bench";q=100;w=1`},
+		{"RateLimit", `"bench";r=0;t=1`},
+		{"X-RateLimit-Limit", "100"},
+		{"X-RateLimit-Remaining", "0"},
+		{"X-RateLimit-Reset", "1"},
+		{"Retry-After", "1"},
+	}
+)
+
+// scenario is a kind of load; each runs against plain Caddy (the denial
+// scenarios' reference is plain Caddy of the hot key), the memory store
+// and Redis. A baseline scenario runs plain Caddy only: it is another
+// scenario's fair baseline.
 type scenario struct {
 	ID    string // short name, for -only and -profile
 	Label string // name in the reports
 	Keys  int    // distinct random keys; 0: one hot key
 	Deny  bool   // a limit most requests exceed
+	Ban   bool   // and the zone bans the key (banRule)
 	Conns int    // wrk connections
 	Ref   string // ID of the scenario whose plain run is the reference
-	Plain bool   // has a plain configuration of its own
+	// Fair is the ID of the scenario whose plain run is the fair
+	// baseline: plain Caddy sending the same response (fields, status)
+	// without the limiter. Empty: the reference.
+	Fair  string
+	Plain bool // has a plain configuration of its own
+	// Baseline: the scenario has only its plain configuration, which
+	// writes Fields with the header directive and answers Status.
+	Baseline bool
+	Fields   [][2]string
+	Status   int // 0: 200 "ok"
 	// NoHeaders runs the memory store with `headers none`: the handler's
 	// own cost, without the five response fields' cost in net/http.
 	NoHeaders bool
+}
+
+// fair returns the ID of the scenario whose plain run is sc's fair
+// baseline.
+func (sc *scenario) fair() string {
+	if sc.Fair != "" {
+		return sc.Fair
+	}
+	return sc.Ref
 }
 
 // config is one configuration measured: a scenario on one store.
@@ -111,6 +164,9 @@ type sample struct {
 	// CPURatio is the reference's Caddy CPU time per request over this
 	// run's (the throughput ratio if Caddy's CPU were all that counted).
 	CPURatio float64
+	// FairRatio and FairCPURatio are Ratio and CPURatio against the fair
+	// baseline's run of the same round (see scenario.Fair).
+	FairRatio, FairCPURatio float64
 	// P99Added is the p99 latency over the reference's.
 	P99Added time.Duration
 }
@@ -217,7 +273,7 @@ func parseFlags() options {
 	flag.IntVar(&o.retries, "retries", 2, "repeats of a disturbed run at most")
 	flag.DurationVar(&o.quietWait, "quiet-wait", 30*time.Second, "wait up to this long before each run for the machine to be quiet")
 	flag.StringVar(&o.only, "only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
-	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, bare, deny, light); empty: none")
+	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, fields, bare, 429, deny, ban, light); empty: none")
 	flag.Parse()
 	if o.rounds < 1 || o.conns < 1 || o.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "bench: need -rounds >= 1, -connections >= 1, -duration >= 1s")
@@ -247,10 +303,15 @@ func newScenarios(o options) []*scenario {
 		kl = fmt.Sprintf("%d keys", o.keys)
 	}
 	scs := []*scenario{
-		{ID: "hot", Label: "hot key", Conns: o.conns, Ref: "hot", Plain: true},
-		{ID: "keys", Label: kl, Keys: o.keys, Conns: o.conns, Ref: "keys", Plain: true},
+		{ID: "hot", Label: "hot key", Conns: o.conns, Ref: "hot", Fair: "fields", Plain: true},
+		{ID: "keys", Label: kl, Keys: o.keys, Conns: o.conns, Ref: "keys", Fair: "fields", Plain: true},
+		{ID: "fields", Label: kl + ", rate limit fields", Keys: o.keys, Conns: o.conns, Ref: "keys", Plain: true,
+			Baseline: true, Fields: allowFields},
 		{ID: "bare", Label: kl + ", headers none", Keys: o.keys, Conns: o.conns, Ref: "keys", NoHeaders: true},
-		{ID: "deny", Label: "hot key, most denied", Deny: true, Conns: o.conns, Ref: "hot"},
+		{ID: "429", Label: "hot key, static 429", Conns: o.conns, Ref: "hot", Plain: true,
+			Baseline: true, Fields: denyFields, Status: 429},
+		{ID: "deny", Label: "hot key, most denied", Deny: true, Conns: o.conns, Ref: "hot", Fair: "429"},
+		{ID: "ban", Label: "hot key, banned", Deny: true, Ban: true, Conns: o.conns, Ref: "hot", Fair: "429"},
 	}
 	if o.latConns > 0 {
 		scs = append(scs, &scenario{ID: "light", Label: fmt.Sprintf("%s, %d conn", kl, o.latConns), Keys: o.keys, Conns: o.latConns, Ref: "light", Plain: true})
@@ -270,7 +331,7 @@ func (b *bench) selectConfigs(only string) []config {
 	var configs []config
 	for _, sc := range b.scenarios {
 		for _, st := range []string{"plain", "memory", "redis"} {
-			if st == "plain" && !sc.Plain || st == "redis" && sc.NoHeaders {
+			if st == "plain" && !sc.Plain || st != "plain" && sc.Baseline || st == "redis" && sc.NoHeaders {
 				continue
 			}
 			if len(want) > 0 && !want[st+"/"+sc.ID] {
@@ -320,19 +381,33 @@ func (b *bench) runRounds(rounds int) map[string][]*sample {
 }
 
 // compare sets each sample of one round against the reference plain run of
-// its scenario in the same round.
+// its scenario, and against its fair baseline, in the same round.
 func (b *bench) compare(got map[string]*sample) {
 	for _, c := range b.configs {
 		s := got[c.Name()]
-		ref := got[config{Sc: b.scenario(c.Sc.Ref), Store: "plain"}.Name()]
-		if ref != nil && ref.Wrk.RPS() > 0 {
-			s.Ratio = s.Wrk.RPS() / ref.Wrk.RPS()
-			if s.CaddyCPU > 0 && s.Wrk.Requests > 0 {
-				s.CPURatio = (ref.CaddyCPU.Seconds() / float64(ref.Wrk.Requests)) / (s.CaddyCPU.Seconds() / float64(s.Wrk.Requests))
+		if ref := got[config{Sc: b.scenario(c.Sc.Ref), Store: "plain"}.Name()]; ref != nil && ref != s {
+			s.Ratio, s.CPURatio = ratios(s, ref)
+			if s.Ratio > 0 {
+				s.P99Added = s.Wrk.P99 - ref.Wrk.P99
 			}
-			s.P99Added = s.Wrk.P99 - ref.Wrk.P99
+		}
+		if fair := got[config{Sc: b.scenario(c.Sc.fair()), Store: "plain"}.Name()]; fair != nil && fair != s && c.Store != "plain" {
+			s.FairRatio, s.FairCPURatio = ratios(s, fair)
 		}
 	}
+}
+
+// ratios returns s's requests per second over ref's, and ref's Caddy CPU
+// time per request over s's (0 when unknown).
+func ratios(s, ref *sample) (rps, cpu float64) {
+	if ref.Wrk.RPS() <= 0 {
+		return 0, 0
+	}
+	rps = s.Wrk.RPS() / ref.Wrk.RPS()
+	if s.CaddyCPU > 0 && s.Wrk.Requests > 0 && ref.Wrk.Requests > 0 {
+		cpu = (ref.CaddyCPU.Seconds() / float64(ref.Wrk.Requests)) / (s.CaddyCPU.Seconds() / float64(s.Wrk.Requests))
+	}
+	return rps, cpu
 }
 
 // profiles takes a CPU profile of each configuration -profile names
@@ -345,7 +420,7 @@ func (b *bench) profiles(specs, out string) []*profileResult {
 		}
 		st, id, _ := strings.Cut(spec, "/")
 		sc := b.scenario(id)
-		if sc == nil || (st != "plain" && st != "memory" && st != "redis") || (st == "plain" && !sc.Plain) {
+		if sc == nil || (st != "plain" && st != "memory" && st != "redis") || (st == "plain" && !sc.Plain) || (st != "plain" && sc.Baseline) {
 			fmt.Fprintf(os.Stderr, "bench: -profile: no configuration %q\n", spec)
 			continue
 		}
@@ -389,14 +464,17 @@ func (b *bench) scenario(id string) *scenario {
 // site is the site block of a configuration.
 func (b *bench) site(c config) string {
 	if c.Store == "plain" {
-		return "\trespond \"ok\""
+		return plainSite(c.Sc.Fields, c.Sc.Status)
 	}
 	redis := ""
 	if c.Store == "redis" {
 		redis = fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", b.redis.Addr)
 	}
 	rule := allowRule
-	if c.Sc.Deny {
+	switch {
+	case c.Sc.Ban:
+		rule = banRule
+	case c.Sc.Deny:
 		rule = denyRule
 	}
 	if c.Sc.NoHeaders {
@@ -410,6 +488,26 @@ func (b *bench) site(c config) string {
 		}
 	}
 	respond "ok"`, redis, rule)
+}
+
+// plainSite is plain Caddy's site block: respond "ok", or the status, with
+// the fields set by the header directive (backquoted: the values hold
+// double quotes).
+func plainSite(fields [][2]string, status int) string {
+	var b strings.Builder
+	if len(fields) > 0 {
+		b.WriteString("\theader {\n")
+		for _, f := range fields {
+			fmt.Fprintf(&b, "\t\t%s `%s`\n", f[0], f[1])
+		}
+		b.WriteString("\t}\n")
+	}
+	if status != 0 {
+		fmt.Fprintf(&b, "\trespond %d", status)
+	} else {
+		b.WriteString("\trespond \"ok\"")
+	}
+	return b.String()
 }
 
 // measure runs a configuration until it gets a run that nothing else on

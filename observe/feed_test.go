@@ -187,10 +187,10 @@ func TestDecidedRecordsDenials(t *testing.T) {
 	caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, "203.0.113.9")
 	z := h.Zone(0)
 	reqs := []limiter.Request{{Rule: z.rule, Key: "user-1", Cost: 1}}
-	h.Decided(r, repl, limiter.Denied, []*Zone{z}, reqs, []limiter.Result{{Allowed: false}})
-	h.Decided(r, repl, limiter.Allowed, []*Zone{z}, reqs, []limiter.Result{{Allowed: true, DryRun: true}})
-	h.Decided(r, repl, limiter.Allowed, []*Zone{z}, reqs, []limiter.Result{{Allowed: true}})
-	h.Decided(r, repl, limiter.Denied, []*Zone{z}, reqs, []limiter.Result{{Banned: true}})
+	h.Decided(r, repl, limiter.Denied, []*Zone{z}, reqs, []limiter.Result{{Allowed: false}}, z.name)
+	h.Decided(r, repl, limiter.Allowed, []*Zone{z}, reqs, []limiter.Result{{Allowed: true, DryRun: true}}, "")
+	h.Decided(r, repl, limiter.Allowed, []*Zone{z}, reqs, []limiter.Result{{Allowed: true}}, "")
+	h.Decided(r, repl, limiter.Denied, []*Zone{z}, reqs, []limiter.Result{{Banned: true}}, z.name)
 
 	body := collectDenials(context.Background(), time.Now(), zone, 10)
 	if len(body.Denials) != 3 {

@@ -80,12 +80,10 @@ type heldZone struct {
 
 // Zone is one zone's share of a Handler.
 type Zone struct {
-	name         string
-	rule         *limiter.Rule
-	remainingKey string // the placeholder http.rate_limit.<zone>.remaining
-	limitKey     string // the placeholder http.rate_limit.<zone>.limit
-	limit        any    // the zone's rate, as the limit placeholder's value (boxed once)
-	stats        *zoneStats
+	name  string
+	rule  *limiter.Rule
+	limit any // the zone's rate, as the limit placeholder's value (boxed once)
+	stats *zoneStats
 }
 
 // New prepares the placeholders and events of a handler's zones and,
@@ -100,11 +98,9 @@ func New(ctx caddy.Context, cfg Config) (*Handler, error) {
 	}
 	for i, rule := range cfg.Rules {
 		h.zones[i] = &Zone{
-			name:         rule.Name(),
-			rule:         rule,
-			remainingKey: "http.rate_limit." + rule.Name() + ".remaining",
-			limitKey:     "http.rate_limit." + rule.Name() + ".limit",
-			limit:        strconv.FormatInt(rule.Rate(), 10),
+			name:  rule.Name(),
+			rule:  rule,
+			limit: strconv.FormatInt(rule.Rate(), 10),
 		}
 	}
 	if cfg.DisableMetrics {
@@ -260,8 +256,11 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // the top denied keys and networks, and emits the rate_limit_exceeded event
 // of each zone that denied. Call it on every decided request, with every
 // zone that applied, including those a cached denial left unconsulted
-// (their results are Unknown). r is the request decided.
-func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
+// (their results are Unknown). r is the request decided; exceeded names
+// the zone that answers its denial ({http.rate_limit.exceeded.name}), ""
+// when it was not denied.
+func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result, exceeded string) {
+	ph := placeholders{exceeded: exceeded}
 	var now time.Time
 	if h.store != nil {
 		now = time.Now()
@@ -273,13 +272,8 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 	)
 	for i, z := range zones {
 		res := &results[i]
-		if !res.Unknown {
-			repl.Set(z.remainingKey, res.Remaining)
-			if reqs[i].Rule == z.rule {
-				repl.Set(z.limitKey, z.limit)
-			} else { // a rule from placeholders (tiers)
-				repl.Set(z.limitKey, reqs[i].Rule.Rate())
-			}
+		if !res.Unknown { // zone names are unique in a handler
+			ph.add(z, &reqs[i], res)
 		}
 		o, ok := zoneOutcome(outcome, z.rule, res)
 		if !ok {
@@ -305,6 +299,7 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 			h.emitPolicyEvent(bannedEvent, z, &reqs[i], res)
 		}
 	}
+	ph.register(repl)
 }
 
 // recordDenial records a zone's denial, or a dry-run zone's would-be
