@@ -4,71 +4,27 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"sync"
 	"syscall"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/progenv"
 )
 
-// env runs the test helpers of internal/redistest outside a test: a
-// failure ends the program, and cleanups (the processes it started) run on
-// exit, on a failure and on an interrupt.
-type env struct {
-	dir      string
-	mu       sync.Mutex
-	cleanups []func()
-	once     sync.Once
-}
+// env runs the test helpers of internal/redistest outside a test (see
+// progenv): a failure ends the program, and cleanups (the processes it
+// started) run on exit, on a failure and on an interrupt.
+type env = progenv.Env
 
+// newEnv returns the benchmark's env, which also stops the processes it
+// started when the benchmark is interrupted.
 func newEnv() *env {
-	dir, err := os.MkdirTemp("", "fleetlimit-bench-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(2)
-	}
-	e := &env{dir: dir}
+	e := progenv.New("fleetlimit-bench")
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-sig
 		fmt.Fprintln(os.Stderr, "bench: interrupted; stopping the processes it started")
-		e.close()
+		e.Close()
 		os.Exit(130)
 	}()
 	return e
-}
-
-func (e *env) Helper() {}
-
-func (e *env) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"bench:"}, args...)...)
-	e.close()
-	os.Exit(2)
-}
-
-func (e *env) Fatalf(format string, args ...any) { e.Fatal(fmt.Sprintf(format, args...)) }
-
-func (e *env) Cleanup(f func()) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.cleanups = append(e.cleanups, f)
-}
-
-func (e *env) TempDir() string {
-	d, err := os.MkdirTemp(e.dir, "t")
-	if err != nil {
-		e.Fatal(err)
-	}
-	return filepath.Clean(d)
-}
-
-func (e *env) close() {
-	e.once.Do(func() {
-		e.mu.Lock()
-		cleanups := e.cleanups
-		e.mu.Unlock()
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
-		}
-		os.RemoveAll(e.dir)
-	})
 }

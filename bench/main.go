@@ -234,7 +234,7 @@ type options struct {
 func main() {
 	o := parseFlags()
 	e := newEnv()
-	defer e.close()
+	defer e.Close()
 	b := newBench(e, o)
 	m := describeMachine()
 	fmt.Fprintf(os.Stderr, "machine: %d CPUs (nproc %s), %s, %s, kernel %s, load average %s\n", m.NumCPU, m.Allowed, m.CPUModel, m.GoVersion, m.Kernel, m.LoadAvg)
