@@ -15,9 +15,10 @@ local W_BITS = 2097152 -- 2^21: one counter
 local function win_unpack(ki, window)
   local w = floor(now / window)
   local elapsed = now - w * window
-  local v = get(ki)
+  local v = vals[ki]
+  if v == true then v = get(ki) end -- a token bucket's time, as stored
   if not v then return 0, 0, elapsed, w end
-  v = tonumber(v)
+  v = tonumber(v) -- a number already when this call put it
   -- A token or leaky bucket's state (a time x 1000, far above any packed
   -- counters): the zone changed algorithm; start afresh.
   if v >= 4503599627370496 then return 0, 0, elapsed, w end -- 2^52
@@ -29,8 +30,10 @@ local function win_unpack(ki, window)
   return 0, 0, elapsed, w
 end
 
+-- win_write stores (puts) a window state: the packed counters, as a number
+-- until flush writes it ('%d').
 local function win_write(ki, w, prev, curr, ttl_us)
-  put(ki, format('%d', ((w % 1024) * W_BITS + prev) * W_BITS + curr), ceil_div(ttl_us, 1000))
+  put(ki, ((w % 1024) * W_BITS + prev) * W_BITS + curr, ceil_div(ttl_us, 1000))
 end
 
 --@check

@@ -35,7 +35,16 @@ end
 -- call is atomic, so no one sees the values in between. KEYS holds each
 -- bucket once; the helpers name a bucket by its index ki in KEYS. A bucket
 -- key that holds another type reads as empty and is overwritten.
-local vals, ttl
+--
+-- Between the two, a bucket's value stays in the form its algorithm
+-- computes with, so that a batch that uses one bucket many times parses
+-- and formats it once: vals[ki] is the value as stored (a string, or false
+-- for none), or a window's packed counters (a number, stored as '%d'), or
+-- true for a token bucket's time (microseconds tus[ki] and ticks tks[ki],
+-- stored as '%d%03d'). get returns the stored form whatever it holds, so
+-- an algorithm that finds another's state reads exactly what Redis would
+-- hold.
+local vals, ttl, tus, tks
 if #KEYS <= 1000 then
   vals = call('MGET', unpack(KEYS))
 else -- unpack has a limit
@@ -46,15 +55,47 @@ else -- unpack has a limit
     for i = first, last do vals[i] = got[i - first + 1] end
   end
 end
-ttl = {}
+ttl, tus, tks = {}, {}, {}
 
--- get returns a bucket's value, or false when it has none.
+-- digits returns the decimal digits of a whole number, and digits3 those
+-- of one below 1000 padded to three ('%03d'). The strings are kept for the
+-- call: Lua formats a number through sprintf, which costs more than the
+-- rest of a decision's arithmetic, and a batch writes the same times and
+-- TTLs again and again.
+local strs, strs3 = {}, {}
+local function digits(n)
+  local s = strs[n]
+  if not s then
+    s = format('%d', n)
+    strs[n] = s
+  end
+  return s
+end
+local function digits3(n)
+  local s = strs3[n]
+  if not s then
+    s = format('%03d', n)
+    strs3[n] = s
+  end
+  return s
+end
+
+-- get returns a bucket's value as stored, or false when it has none.
 local function get(ki)
-  return vals[ki]
+  local v = vals[ki]
+  if v == true then
+    v = digits(tus[ki]) .. digits3(tks[ki])
+    vals[ki] = v
+  elseif v and type(v) == 'number' then
+    v = digits(v)
+    vals[ki] = v
+  end
+  return v
 end
 
 -- put sets a bucket's value with a time to live in milliseconds, or
--- deletes it (v false).
+-- deletes it (v false). v may be in any form vals holds (for true, set
+-- tus[ki] and tks[ki] first).
 local function put(ki, v, px)
   vals[ki], ttl[ki] = v, px or 0
 end
@@ -64,8 +105,8 @@ local function flush()
   for ki = 1, #KEYS do
     local px = ttl[ki]
     if px then
-      local v = vals[ki]
-      if v then call('SET', KEYS[ki], v, 'PX', px) else call('DEL', KEYS[ki]) end
+      local v = get(ki)
+      if v then call('SET', KEYS[ki], v, 'PX', digits(px)) else call('DEL', KEYS[ki]) end
     end
   end
 end

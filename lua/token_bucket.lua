@@ -10,10 +10,15 @@
 --@helpers
 -- tb_debt returns the ticks the bucket owes at now, at most its capacity.
 local function tb_debt(ki, denom, cap)
-  local v = get(ki)
-  if not v then return 0 end
-  local us = tonumber(sub(v, 1, -4)) or 0
-  local ticks = tonumber(sub(v, -3)) or 0
+  local us, ticks
+  if vals[ki] == true then -- as this call left it (see put)
+    us, ticks = tus[ki], tks[ki]
+  else
+    local v = get(ki)
+    if not v then return 0 end
+    us = tonumber(sub(v, 1, -4)) or 0
+    ticks = tonumber(sub(v, -3)) or 0
+  end
   if ticks >= denom then -- written under a rule with a finer tick
     us = us + floor(ticks / denom)
     ticks = ticks % denom
@@ -23,13 +28,16 @@ local function tb_debt(ki, denom, cap)
   return min((us - now) * denom + ticks, cap)
 end
 
--- tb_write stores (puts) a debt of ticks at now, expiring when the bucket is full.
+-- tb_write stores (puts) a debt of ticks at now, expiring when the bucket is
+-- full: as the time now + debt, '%d%03d' of its microseconds and ticks.
 local function tb_write(ki, denom, debt)
   if debt <= 0 then
     put(ki, false)
     return
   end
-  put(ki, format('%d%03d', now + floor(debt / denom), debt % denom), ceil_div(debt, denom * 1000))
+  local ticks = debt % denom
+  tus[ki], tks[ki] = now + (debt - ticks) / denom, ticks
+  put(ki, true, ceil_div(debt, denom * 1000))
 end
 
 --@check
