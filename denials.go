@@ -91,6 +91,11 @@ func (h *Handler) provisionDenials() error {
 	if err != nil {
 		return err
 	}
+	if level == denialsDebug && !h.logger.Core().Enabled(zapcore.DebugLevel) {
+		// A logger's level is fixed for the life of a config (a reload
+		// provisions the handler again): a denial need not ask it.
+		level = denialsOff
+	}
 	h.denials = denialLog{level: level}
 	if level == denialsInfo {
 		h.denials.throttle = newDenialThrottle()

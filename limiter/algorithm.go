@@ -257,13 +257,13 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 func (r *Rule) result(v verdict, charged bool, cost int64) Result {
 	switch {
 	case v.banned:
-		return Result{Banned: true, RetryAfter: us(v.banLeft), DryRun: r.dryRun, Allowed: r.dryRun}
+		return Result{Banned: true, RetryAfter: us(v.banLeft), ResetAfter: us(v.banLeft), DryRun: r.dryRun, Allowed: r.dryRun}
 	case !v.ok && r.dryRun:
 		res := r.algResult(v, false, cost)
 		res.Allowed, res.DryRun, res.BanStarted = true, true, v.banStarted
 		return res
 	case v.banStarted:
-		return Result{Banned: true, BanStarted: true, RetryAfter: r.ban.Duration}
+		return Result{Banned: true, BanStarted: true, RetryAfter: r.ban.Duration, ResetAfter: r.ban.Duration}
 	}
 	return r.algResult(v, charged, cost)
 }

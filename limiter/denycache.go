@@ -121,7 +121,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 				for j := range results {
 					results[j] = Result{Allowed: true, Unknown: true}
 				}
-				results[i] = Result{Banned: true, RetryAfter: us(left)}
+				results[i] = Result{Banned: true, RetryAfter: us(left), ResetAfter: us(left)}
 				c.hits.Add(1)
 				return true, nil
 			}

@@ -74,8 +74,8 @@ type Result struct {
 	// would have answered.
 	DryRun bool
 	// Banned reports that the zone denied the request because its key is
-	// banned; RetryAfter is the rest of the ban. With DryRun: the key
-	// would be banned.
+	// banned; RetryAfter and ResetAfter are the rest of the ban (nothing
+	// is admitted before it ends). With DryRun: the key would be banned.
 	Banned bool
 	// BanStarted reports that this request's denial started the key's
 	// ban (with DryRun: would have started it).

@@ -147,13 +147,13 @@ func TestPoliciesClusterMatchesMemory(t *testing.T) {
 		}
 		held("denied by another slot", 0, 0)
 		ok, res = both("the ban zone's second denial", three("s3")...)
-		if ok || public(res[1]) != (Result{Banned: true, BanStarted: true, RetryAfter: 5 * time.Minute}) {
+		if ok || public(res[1]) != (Result{Banned: true, BanStarted: true, RetryAfter: 5 * time.Minute, ResetAfter: 5 * time.Minute}) {
 			t.Fatalf("the ban zone's second denial: %v %+v, want the ban started", ok, res)
 		}
 		held("ban started", 0, 0)
 		clk.add(60_000_000)
 		ok, res = both("banned", three("s4")...)
-		if ok || public(res[1]) != (Result{Banned: true, RetryAfter: 4 * time.Minute}) {
+		if ok || public(res[1]) != (Result{Banned: true, RetryAfter: 4 * time.Minute, ResetAfter: 4 * time.Minute}) {
 			t.Fatalf("a minute into the ban: %v %+v", ok, res)
 		}
 		held("banned", 0, 0)

@@ -372,14 +372,14 @@ func TestBans(t *testing.T) {
 			}
 		}
 		s.clk.set(t0 + 5*s1)
-		if _, res := decide(t, s, q); public(res[0]) != (Result{Banned: true, BanStarted: true, RetryAfter: 30 * time.Minute}) {
+		if _, res := decide(t, s, q); public(res[0]) != (Result{Banned: true, BanStarted: true, RetryAfter: 30 * time.Minute, ResetAfter: 30 * time.Minute}) {
 			t.Fatalf("the fifth denial: %+v, want the ban started, Retry-After 30m", public(res[0]))
 		}
 		banEnd := t0 + 5*s1 + 30*minute
 		for _, at := range []int64{t0 + 6*s1, t0 + 25*minute, t0 + 25*minute, t0 + 25*minute, banEnd - 1} {
 			s.clk.set(at)
 			ok, res := decide(t, s, q)
-			if want := (Result{Banned: true, RetryAfter: us(banEnd - at)}); ok || public(res[0]) != want {
+			if want := (Result{Banned: true, RetryAfter: us(banEnd - at), ResetAfter: us(banEnd - at)}); ok || public(res[0]) != want {
 				t.Fatalf("at +%dus: %v %+v, want %+v", at-t0, ok, public(res[0]), want)
 			}
 		}
@@ -472,7 +472,7 @@ func TestBanDenyCache(t *testing.T) {
 		banEnd := t0 + 9 + 30*60_000_000
 		for i := range 100 {
 			at := t0 + 1_000_000 + int64(i)*10_000_000
-			if got := decideAt(at); got != Denied || public(res[0]) != (Result{Banned: true, RetryAfter: us(banEnd - at)}) {
+			if got := decideAt(at); got != Denied || public(res[0]) != (Result{Banned: true, RetryAfter: us(banEnd - at), ResetAfter: us(banEnd - at)}) {
 				t.Fatalf("banned request %d: %v %+v", i, got, public(res[0]))
 			}
 		}

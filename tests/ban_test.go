@@ -198,6 +198,10 @@ func TestBanFleet(t *testing.T) {
 				t.Fatalf("node %d, %s into the ban: %d %q, Retry-After %q; want 429 banned, 1 to 3 s",
 					i+1, time.Since(sent).Round(time.Millisecond), resp.Status, resp.Body, resp.Header.Get("Retry-After"))
 			}
+			// The fields tell the same: nothing is back before the ban ends.
+			if reset := resp.Header.Get("X-RateLimit-Reset"); reset != strconv.Itoa(retry) {
+				t.Fatalf("node %d: X-RateLimit-Reset %q with Retry-After %d; want the ban's rest in both", i+1, reset, retry)
+			}
 			requests++
 		}
 		time.Sleep(20 * time.Millisecond)
