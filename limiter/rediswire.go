@@ -61,9 +61,11 @@ func zoneAux(q *Request, done []Result, i int) any {
 
 // scriptArgs returns a script call's command: EVALSHA, the distinct
 // buckets of all its calls, the clock ("0": Redis TIME), the rules they use
-// (each once, ruleArgs arguments each), then per call its number of zones
-// and per zone its rule's index, its bucket's index (both from 1), its cost
-// and its aux. See decide.lua.
+// (each once, ruleArgs arguments each), then per call one argument per
+// zone (its bucket, its kind and whether it ends the call, in one number;
+// -1 for a call of no zones), then the zone kinds (its rule's index, from
+// 1, a cost and an aux, which the zones of a batch mostly share) and their
+// number. See decide.lua.
 func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	if p.buckets == nil {
 		p.buckets = make(map[string]int)
@@ -86,7 +88,7 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 			zones = append(zones, ri+1, ki)
 		}
 	}
-	args := make([]any, 0, 5+len(keys)+ruleArgs*len(rules)+len(g.calls)+2*len(zones))
+	args := make([]any, 0, 6+len(keys)+ruleArgs*len(rules)+len(g.calls)+2*len(zones))
 	args = append(args, "evalsha", g.script.Hash(), len(keys))
 	for _, k := range keys {
 		args = append(args, k)
@@ -95,24 +97,67 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	for _, r := range rules {
 		args = append(args, r.scriptArgs()...)
 	}
+	kinds := make([]zoneKind, 0, 8)
 	next := zones
 	for _, c := range g.calls {
-		args = append(args, len(c.keys))
+		if len(c.keys) == 0 {
+			args = append(args, -1)
+			continue
+		}
 		for z, cost := range c.costs {
-			args = append(args, next[0], next[1], cost, c.aux[z])
+			kind := zoneKind{next[0], cost, c.aux[z]}
+			k := kindIndex(kinds, kind)
+			if k < 0 {
+				kinds = append(kinds, kind)
+				k = len(kinds) - 1
+			}
+			last := 0
+			if z == len(c.costs)-1 {
+				last = 1
+			}
+			args = append(args, (k*len(keys)+next[1]-1)*2+last)
 			next = next[2:]
 		}
 	}
+	for _, k := range kinds {
+		args = append(args, k.rule, k.cost, k.aux)
+	}
+	args = append(args, len(kinds))
 	clear(rules)
 	clear(keys)
 	p.rules, p.keys, p.zones = rules[:0], keys[:0], zones[:0]
 	return args
 }
 
+// zoneKind is what the zones of a script call may share: the index of
+// their rule (from 1), their cost and their aux.
+type zoneKind struct {
+	rule int
+	cost int64
+	aux  any
+}
+
+// kindSearch bounds how many of the latest kinds kindIndex compares: a
+// batch has few kinds (a zone's rule, cost 1 and no reserve, say) unless
+// its aux differ (concurrency slots, refunds), and those would make the
+// search quadratic.
+const kindSearch = 8
+
+// kindIndex returns the index of kind among the last kindSearch of kinds,
+// or -1.
+func kindIndex(kinds []zoneKind, kind zoneKind) int {
+	for i := len(kinds) - 1; i >= max(0, len(kinds)-kindSearch); i-- {
+		if kinds[i] == kind {
+			return i
+		}
+	}
+	return -1
+}
+
 // replyLen is how many values of the decide script's flat reply belong to
-// a request of zones zones: admitted (or the request's error), the time,
-// then four per zone.
-func replyLen(zones int) int { return 2 + 4*zones }
+// a request of zones zones: the time, negative if the request was denied
+// (or the request's error), then four per zone.
+func replyLen(zones int) int { return 1 + 4*zones }
 
 // decodeReply turns the script's reply into results, through the same
 // Rule.result as the memory store.
@@ -126,17 +171,17 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 	if len(reply) != replyLen(len(reqs)) {
 		return false, fmt.Errorf("redis: unexpected script reply of %d values for %d zones", len(reply), len(reqs))
 	}
-	admit := false
-	if n, ok := reply[0].(int64); ok {
-		admit = n == 1
+	at, _ := reply[0].(int64)
+	admit := at > 0
+	if !admit {
+		at = -at
 	}
-	at, _ := reply[1].(int64)
 	var vals [4]int64
 	for i := range reqs {
 		for j := range 4 {
-			n, ok := reply[2+4*i+j].(int64)
+			n, ok := reply[1+4*i+j].(int64)
 			if !ok {
-				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[2+4*i+j])
+				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+4*i+j])
 			}
 			vals[j] = n
 		}

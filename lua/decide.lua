@@ -20,35 +20,34 @@
 --                  and its prefetch: the most tokens an admitted request
 --                  may take (its cost and spares; token bucket and fixed
 --                  window, 0 for none)
--- then per request its number of zones n, then per zone the index of its
---                  rule, the index of its bucket in KEYS (both from 1), its
---                  cost and aux: the reserve the request must leave (the
---                  rate algorithms, in the algorithm's units) or the
---                  slot's id (concurrency)
+-- then per request one argument per zone, in order: the zone's bucket (ki,
+--                  its index in KEYS), kind (k, see below) and whether it
+--                  is the request's last zone (last, 1 or 0), as one
+--                  number ((k - 1) * #KEYS + ki - 1) * 2 + last (see unzone
+--                  in prelude.lua); a request of no zones is one argument,
+--                  -1
+-- then             three arguments per zone kind: the index of its rule
+--                  (from 1), its cost, and aux: the reserve the request
+--                  must leave (the rate algorithms, in the algorithm's
+--                  units) or the slot's id (concurrency). Zones that share
+--                  all three may share a kind.
+-- ARGV[#ARGV]      the number of zone kinds
 -- KEYS             the buckets of the batch, each once. A zone with a ban
 --                  also uses <bucket>!ban ("end:start:denials") and
 --                  <bucket>!den ("denials:end"), in the bucket's Cluster
 --                  slot (the hash tag is the bucket's).
 --
--- Returns, request after request, {admitted (1|0), the time (us), then four
--- numbers per zone: flag and three the zone's algorithm reports (r1..r3)},
--- all in one flat array. The flag is 1 admits, 0 denies, 2 never can, 3
--- banned (r1 the microseconds the ban has left, r2 its denials), plus 4
--- when this denial started a ban. A request whose commands fail (a key of
--- the wrong type, say) gets its error in place of admitted, then zeros;
+-- Returns, request after request, {the time (us) if the request is
+-- admitted, minus the time if it is denied, then four numbers per zone:
+-- flag and three the zone's algorithm reports (r1..r3)}, all in one flat
+-- array. The flag is 1 admits, 0 denies, 2 never can, 3 banned (r1 the
+-- microseconds the ban has left, r2 its denials), plus 4 when this denial
+-- started a ban. A request whose commands fail (a key of the wrong type,
+-- say) gets its error in place of the time, then zeros;
 -- the requests around it are decided as usual.
 
-local nrules = tonumber(ARGV[2])
-local rules = {}
-for i = 1, nrules do
-  local b = 3 + (i - 1) * 10
-  local r = {}
-  for j = 1, 10 do r[j] = tonumber(ARGV[b + j - 1]) end
-  rules[i] = r
-end
-
 local reply = {}
-local zrule, zbucket, zcost, zaux = {}, {}, {}, {} -- the current request's zones
+local zbucket, zkind = {}, {} -- the current request's zones: ki and kind
 
 -- banned returns the microseconds the ban of the bucket at key has left,
 -- and the denials that started it, or nil.
@@ -78,25 +77,24 @@ local function denied(key, rule)
   end
   n = n + 1
   if n < rule[8] then
-    call('SET', dk, format('%d:%d', n, e), 'PX', ceil_div(e - now, 1000))
+    call('SET', dk, format('%d:%d', n, e), 'PX', digits(ceil_div(e - now, 1000)))
     return 0
   end
   call('DEL', dk)
   if rule[6] % 2 == 0 then
-    call('SET', key .. '!ban', format('%d:%d:%d', now + rule[7], now, n), 'PX', ceil_div(rule[7], 1000))
+    call('SET', key .. '!ban', format('%d:%d:%d', now + rule[7], now, n), 'PX', digits(ceil_div(rule[7], 1000)))
   end
   return 4
 end
 
--- one decides the request of n zones whose arguments start at ARGV[a],
--- with its reply from reply[o]. A function so that pcall can confine a
--- failing request's error to that request.
-local function one(n, a, o)
-  reply[o], reply[o + 1] = 1, now
+-- one decides the request of n zones (their buckets and kinds in
+-- zbucket and zkind from 0), with its reply from reply[o]. A function so
+-- that pcall can confine a failing request's error to that request.
+local function one(n, o)
+  reply[o] = now
   for i = 0, n - 1 do
-    local b = a + 4 * i
-    local rule, ki, cost, aux = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), ARGV[b + 3]
-    zrule[i], zbucket[i], zcost[i], zaux[i] = rule, ki, cost, aux
+    local ki, k = zbucket[i], zkind[i]
+    local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
     local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
     local key = KEYS[ki]
     local flag, r1, r2, r3 = 0, 0, 0, 0
@@ -108,16 +106,17 @@ local function one(n, a, o)
       --@dispatch check
       if flag ~= 1 and rule[7] > 0 then flag = flag + denied(key, rule) end
     end
-    if flag ~= 1 and rule[6] % 2 == 0 then reply[o] = 0 end
-    local c = o + 2 + i * 4
+    if flag ~= 1 and rule[6] % 2 == 0 then reply[o] = -now end
+    local c = o + 1 + i * 4
     reply[c], reply[c + 1], reply[c + 2], reply[c + 3] = flag, r1, r2, r3
   end
-  if reply[o] == 0 then return end
+  if reply[o] < 0 then return end
   for i = 0, n - 1 do
-    local cost = zcost[i]
-    local c = o + 2 + i * 4
+    local ki, k = zbucket[i], zkind[i]
+    local cost = kcost[k]
+    local c = o + 1 + i * 4
     if cost > 0 and reply[c] == 1 then
-      local rule, ki, aux = zrule[i], zbucket[i], zaux[i]
+      local rule, aux, auxn = krule[k], kaux[k], kauxn[k]
       local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
       local key = KEYS[ki]
       local r1, r2, r3 = reply[c + 1], reply[c + 2], reply[c + 3]
@@ -126,17 +125,28 @@ local function one(n, a, o)
   end
 end
 
-local a, o = 3 + 10 * nrules, 1
-local nargs = #ARGV
-while a <= nargs do
-  local n = tonumber(ARGV[a])
-  local ok, err = pcall(one, n, a + 1, o)
+local a, o = zones, 1
+while a <= zones_end do
+  local n, z = 0, tonumber(ARGV[a])
+  if z < 0 then -- a request of no zones
+    a = a + 1
+  else
+    repeat
+      local ki, k, last = unzone(z)
+      zbucket[n], zkind[n] = ki, k
+      n = n + 1
+      if last == 1 then break end
+      z = tonumber(ARGV[a + n])
+    until false
+    a = a + n
+  end
+  local ok, err = pcall(one, n, o)
   if not ok then
     if type(err) ~= 'table' then err = {err = tostring(err)} end
     reply[o] = err
-    for j = o + 1, o + 1 + 4 * n do reply[j] = 0 end
+    for j = o + 1, o + 4 * n do reply[j] = 0 end
   end
-  a, o = a + 1 + 4 * n, o + 2 + 4 * n
+  o = o + 1 + 4 * n
 end
 flush()
 return reply

@@ -38,7 +38,7 @@ end
 
 --@check
 local _
-local res = tonumber(aux) or 0 -- the requests the request must leave
+local res = auxn -- the requests the request must leave
 _, r1, r2 = win_unpack(ki, p1)
 if cost + res > p2 then flag = 2 elseif r1 + cost + res <= p2 then flag = 1 else flag = 0 end
 
@@ -46,7 +46,7 @@ if cost + res > p2 then flag = 2 elseif r1 + cost + res <= p2 then flag = 1 else
 -- Prefetch: as the token bucket's (token_bucket.lua), reported as r3.
 local sp = 0
 if rule[10] > cost then
-  sp = max(0, min(rule[10] - cost, floor((p2 - r1 - cost - (tonumber(aux) or 0)) / 4)))
+  sp = max(0, min(rule[10] - cost, floor((p2 - r1 - cost - auxn) / 4)))
   reply[c + 3] = sp
 end
 win_write(ki, floor(now / p1), 0, r1 + cost + sp, p1 - r2)
@@ -54,6 +54,6 @@ win_write(ki, floor(now / p1), 0, r1 + cost + sp, p1 - r2)
 --@refund
 -- Only the window that counted the charge (aux: its time) gives it back.
 local _, curr, elapsed, w = win_unpack(ki, p1)
-if curr > 0 and floor((tonumber(aux) or 0) / p1) == w then
+if curr > 0 and floor(auxn / p1) == w then
   win_write(ki, w, 0, max(0, curr - cost), p1 - elapsed)
 end

@@ -8,7 +8,7 @@
 -- Reports: flag, debt before the request (its wait, in ticks), debt after, 0.
 
 --@check
-local cap, res = p3 * p2, tonumber(aux) or 0
+local cap, res = p3 * p2, auxn
 r1 = tb_debt(ki, p1, cap)
 if cost > p3 or cost * p2 + res > cap then
   flag, r2 = 2, r1

@@ -5,8 +5,9 @@
 // An algorithm file has sections, each starting with a marker line:
 // "--@helpers" (local functions, placed once after the prelude), "--@check"
 // (decides one zone: reads key, the bucket's name, and ki, its index in
-// KEYS for the prelude's get and put, p1..p4, cost and now; sets flag, r1,
-// r2, r3), "--@commit" (charges an admitted request: reads the same and r1..r3)
+// KEYS for the prelude's get and put, p1..p4, cost, aux (as sent), auxn
+// (aux as a number, 0 if it is none) and now; sets flag, r1, r2, r3),
+// "--@commit" (charges an admitted request: reads the same and r1..r3)
 // and "--@refund" (gives a charge back). decide.lua and refund.lua say
 // where the sections go with "--@dispatch <section>": each algorithm's
 // section is inlined there in one if/elseif chain on the zone's algorithm

@@ -24,6 +24,41 @@ else
   now = tonumber(ARGV[1])
 end
 
+-- The rules, zones and zone kinds, which decide.lua and refund.lua take
+-- alike (see decide.lua): rules[i] holds rule i's ten arguments as
+-- numbers; a kind k is a rule, a cost and an aux, which many zones of a
+-- batch share (krule[k] the rule's table, kcost[k], kaux[k] the aux as sent
+-- and kauxn[k] as a number, 0 if it is none), so that a zone's own argument
+-- is one number, its bucket and kind (see unzone). The zones' arguments are
+-- ARGV[zones] to ARGV[zones_end].
+local rules, nrules = {}, tonumber(ARGV[2])
+for i = 1, nrules do
+  local b = 3 + (i - 1) * 10
+  rules[i] = {
+    tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]),
+    tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9]),
+  }
+end
+local nkinds = tonumber(ARGV[#ARGV])
+local zones, zones_end = 3 + 10 * nrules, #ARGV - 1 - 3 * nkinds
+local krule, kcost, kaux, kauxn = {}, {}, {}, {}
+for k = 1, nkinds do
+  local b = zones_end + 3 * k - 2
+  local aux = ARGV[b + 2]
+  krule[k], kcost[k], kaux[k], kauxn[k] = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), aux, tonumber(aux) or 0
+end
+
+-- unzone decodes a zone's argument z = ((k - 1) * #KEYS + ki - 1) * 2 + last:
+-- it returns ki, the index of its bucket in KEYS, k, its kind, and last,
+-- 1 when it is its request's last zone (else 0).
+local nkeys = #KEYS
+local function unzone(z)
+  local last = z % 2
+  z = (z - last) / 2
+  local ki = z % nkeys
+  return ki + 1, (z - ki) / nkeys + 1, last
+end
+
 local function ceil_div(a, b)
   return floor((a + b - 1) / b)
 end

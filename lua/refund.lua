@@ -7,20 +7,18 @@
 -- windows give back only what that window still counts), or the slot's id
 -- (concurrency). Returns the number of zones refunded.
 
-local nrules = tonumber(ARGV[2])
 local refunded = 0
-local a = 3 + 10 * nrules -- the number of zones
-for i = 1, tonumber(ARGV[a]) do
-  local b = a + 1 + (i - 1) * 4
-  local cost = tonumber(ARGV[b + 2])
-  if cost > 0 then
-    local r = 3 + (tonumber(ARGV[b]) - 1) * 10
-    local alg = tonumber(ARGV[r])
-    local p1, p2, p3, p4 = tonumber(ARGV[r + 1]), tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3]), tonumber(ARGV[r + 4])
-    local ki, aux = tonumber(ARGV[b + 1]), ARGV[b + 3]
-    local key = KEYS[ki]
-    --@dispatch refund
-    refunded = refunded + 1
+for a = zones, zones_end do
+  local z = tonumber(ARGV[a])
+  if z >= 0 then -- -1: a request of no zones
+    local ki, k = unzone(z)
+    local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
+    if cost > 0 then
+      local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
+      local key = KEYS[ki]
+      --@dispatch refund
+      refunded = refunded + 1
+    end
   end
 end
 flush()

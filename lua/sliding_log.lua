@@ -18,7 +18,7 @@ local items = call('ZRANGE', key, 0, -1, 'WITHSCORES')
 r1, r2, r3 = 0, 0, 0
 for j = 1, #items, 2 do r1 = r1 + log_cost(items[j]) end
 if #items > 0 then r3 = tonumber(items[#items]) + p1 - now end
-local res = tonumber(aux) or 0
+local res = auxn
 if cost + res > p2 then
   flag = 2
 elseif r1 + cost + res <= p2 then

@@ -9,7 +9,7 @@
 -- microseconds into the current window.
 
 --@check
-local res = tonumber(aux) or 0
+local res = auxn
 r1, r2, r3 = win_unpack(ki, p1)
 if cost + res > p2 then
   flag = 2
@@ -26,7 +26,7 @@ win_write(ki, floor(now / p1), r1, r2 + cost, 2 * p1 - r3)
 -- The charge (made at aux) is given back to the window that counts it:
 -- the current one, or the previous one if the window turned since.
 local prev, curr, elapsed, w = win_unpack(ki, p1)
-local aw = floor((tonumber(aux) or 0) / p1)
+local aw = floor(auxn / p1)
 if aw == w and curr > 0 then
   win_write(ki, w, prev, max(0, curr - cost), 2 * p1 - elapsed)
 elseif aw == w - 1 and prev > 0 then

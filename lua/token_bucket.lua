@@ -42,7 +42,7 @@ end
 
 --@check
 -- res: the reserve, in ticks, that the request must leave in the bucket.
-local cap, res = p3 * p2, tonumber(aux) or 0
+local cap, res = p3 * p2, auxn
 r1 = tb_debt(ki, p1, cap)
 if cost > p3 or cost * p2 + res > cap then
   flag, r2 = 2, r1
@@ -57,7 +57,7 @@ end
 -- that a bucket with fewer than 4 tokens left gives none (see
 -- limiter/prefetch.go). Reported as r3, with r2 the debt after them.
 if rule[10] > cost then
-  local sp = min(rule[10] - cost, floor(floor((p3 * p2 - r2 - (tonumber(aux) or 0)) / p2) / 4))
+  local sp = min(rule[10] - cost, floor(floor((p3 * p2 - r2 - auxn) / p2) / 4))
   if sp > 0 then
     r2 = r2 + sp * p2
     reply[c + 2], reply[c + 3] = r2, sp
