@@ -109,6 +109,14 @@ local function one(n, o)
     if flag ~= 1 and rule[6] % 2 == 0 then reply[o] = -now end
     local c = o + 1 + i * 4
     reply[c], reply[c + 1], reply[c + 2], reply[c + 3] = flag, r1, r2, r3
+    if n == 1 then
+      -- A request of one zone (most are) is charged here, with what the
+      -- check left at hand: the loop below would look it all up again.
+      if flag == 1 and cost > 0 then
+        --@dispatch commit
+      end
+      return
+    end
   end
   if reply[o] < 0 then return end
   for i = 0, n - 1 do
@@ -131,9 +139,11 @@ while a <= zones_end do
   if z < 0 then -- a request of no zones
     a = a + 1
   else
-    repeat
-      local ki, k, last = unzone(z)
-      zbucket[n], zkind[n] = ki, k
+    repeat -- unzone, inlined: this loop runs once per zone of the batch
+      local last = z % 2
+      z = (z - last) / 2
+      local ki = z % nkeys
+      zbucket[n], zkind[n] = ki + 1, (z - ki) / nkeys + 1
       n = n + 1
       if last == 1 then break end
       z = tonumber(ARGV[a + n])

@@ -9,10 +9,11 @@
 -- Numbers stay integers well below 2^53, so that Lua's doubles compute
 -- exactly what the Go limiter computes (limiter/*.go).
 
--- The functions the scripts call, as locals: a global is a table lookup on
--- every use.
+-- The functions and arguments the scripts use, as locals: a global is a
+-- table lookup on every use.
 local call, tonumber, floor, min, max = redis.call, tonumber, math.floor, math.min, math.max
 local format, sub, match = string.format, string.sub, string.match
+local KEYS, ARGV = KEYS, ARGV
 
 -- The clock: Redis TIME (always, in production), or a fixed time in
 -- microseconds that tests pass as ARGV[1].

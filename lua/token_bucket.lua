@@ -25,11 +25,14 @@ local function tb_debt(ki, denom, cap)
   end
   if us < now or (us == now and ticks == 0) then return 0 end
   if us - now > floor(cap / denom) then return cap end
-  return min((us - now) * denom + ticks, cap)
+  local debt = (us - now) * denom + ticks
+  if debt > cap then return cap end
+  return debt
 end
 
 -- tb_write stores (puts) a debt of ticks at now, expiring when the bucket is
--- full: as the time now + debt, '%d%03d' of its microseconds and ticks.
+-- full: as the time now + debt, '%d%03d' of its microseconds and ticks. It
+-- sets vals and ttl as put would, without the call: it runs per decision.
 local function tb_write(ki, denom, debt)
   if debt <= 0 then
     put(ki, false)
@@ -37,7 +40,7 @@ local function tb_write(ki, denom, debt)
   end
   local ticks = debt % denom
   tus[ki], tks[ki] = now + (debt - ticks) / denom, ticks
-  put(ki, true, ceil_div(debt, denom * 1000))
+  vals[ki], ttl[ki] = true, ceil_div(debt, denom * 1000)
 end
 
 --@check
