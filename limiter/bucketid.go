@@ -32,6 +32,9 @@ func (h hasher) id(zone, key string) bucketID {
 	z0, z1 := maphash.String(h.seeds[0], zone), maphash.String(h.seeds[1], zone)
 	id[0] = z0*0x9E3779B97F4A7C15 ^ maphash.String(h.seeds[0], key)
 	id[1] = (z1*0x9E3779B97F4A7C15^maphash.String(h.seeds[1], key))&^0xFFFFFFFF | uint64(uint32(z0))
+	if id == (bucketID{}) {
+		id[0] = 1 // the zero id marks an empty slot of a bucketTable
+	}
 	return id
 }
 

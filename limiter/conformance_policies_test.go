@@ -360,7 +360,7 @@ func (p *policyTrace) memBucket(r *Rule, key string, now int64) (string, int64) 
 		}
 		return logCounts(r, lb.entries, now), lb.expires
 	}
-	e, ok := sh.m[id]
+	e, ok := sh.m.get(id)
 	if !ok || e.expires <= now {
 		return stateCounts(r, 0, now), 0
 	}

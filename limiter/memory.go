@@ -15,11 +15,10 @@ const numShards = 64
 
 type shard struct {
 	mu   sync.Mutex
-	m    map[bucketID]memEntry
+	m    bucketTable             // the buckets (all but sliding logs)
 	logs map[bucketID]*logBucket // sliding logs, kept apart: they hold slices
 	bans map[bucketID]banEntry   // denial counts and bans (see membans.go)
-	peak int                     // largest len(m) since the map was last rebuilt
-	_    [32]byte
+	_    [16]byte
 }
 
 // memEntry is a bucket in memory: its state and the microsecond from which
@@ -89,7 +88,6 @@ func NewMemoryStore(opt MemoryOptions) *MemoryStore {
 		done:      make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[bucketID]memEntry)
 		s.shards[i].logs = make(map[bucketID]*logBucket)
 		s.shards[i].bans = make(map[bucketID]banEntry)
 	}
@@ -182,7 +180,7 @@ func (s *MemoryStore) check(sh *shard, id bucketID, q *Request, now int64) verdi
 			v, _ = r.logCheck(nil, now, q.Cost, res)
 		}
 	} else {
-		e := sh.m[id]
+		e, _ := sh.m.get(id)
 		if e.expires <= now {
 			e.state = 0
 		}
@@ -207,14 +205,11 @@ func (s *MemoryStore) commit(sh *shard, id bucketID, r *Rule, v verdict, now, co
 		lb.expires = now + r.windowUS
 		return
 	}
-	if limit > 0 {
-		if _, ok := sh.m[id]; !ok {
-			s.makeRoom(sh, limit, now)
-		}
+	if limit > 0 && !sh.m.has(id) {
+		s.makeRoom(sh, limit, now)
 	}
 	st, exp := r.commit(v, now, cost)
-	sh.m[id] = memEntry{state: st, expires: exp}
-	sh.peak = max(sh.peak, len(sh.m))
+	sh.m.put(id, memEntry{state: st, expires: exp})
 }
 
 // Refund implements Store: it gives back what Decide charged the zones of
@@ -236,11 +231,11 @@ func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result
 			if lb := sh.logs[id]; lb != nil {
 				lb.entries = logRefund(lb.entries, results[i].at, cost)
 			}
-		} else if e, ok := sh.m[id]; ok && e.expires > now {
+		} else if e, ok := sh.m.get(id); ok && e.expires > now {
 			if st, exp, keep := r.refund(e, now, cost, results[i].at); keep {
-				sh.m[id] = memEntry{state: st, expires: exp}
+				sh.m.put(id, memEntry{state: st, expires: exp})
 			} else {
-				delete(sh.m, id)
+				sh.m.remove(id)
 			}
 		}
 		sh.mu.Unlock()
@@ -251,7 +246,7 @@ func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result
 // makeRoom evicts buckets from a shard that holds limit buckets or more
 // (limit 0: no limit), so that one more fits. The shard is locked.
 func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
-	for limit > 0 && len(sh.m)+len(sh.logs) >= limit {
+	for limit > 0 && sh.m.n+len(sh.logs) >= limit {
 		zone, lost := sh.evict(now)
 		if lost {
 			s.evictMu.Lock()
@@ -277,18 +272,13 @@ func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
 // are never full: they are taken only when the sample holds nothing else
 // (the key's client may then have more requests in flight).
 func (sh *shard) evict(now int64) (zone uint32, lost bool) {
-	var victim bucketID
-	best, n, isLog, found := int64(math.MaxInt64), 0, false, false
-	for id, e := range sh.m {
-		if !found || e.expires < best {
-			victim, best, found = id, e.expires, true
-		}
-		if n++; n == evictionSamples || best <= now {
-			break
-		}
+	victim, best, found := sh.m.sample(evictionSamples, now)
+	isLog := false
+	if !found {
+		best = math.MaxInt64
 	}
 	if best > now {
-		n = 0
+		n := 0
 		for id, lb := range sh.logs {
 			if !found || lb.expires < best {
 				victim, best, isLog, found = id, lb.expires, true, true
@@ -304,7 +294,7 @@ func (sh *shard) evict(now int64) (zone uint32, lost bool) {
 	if isLog {
 		delete(sh.logs, victim)
 	} else {
-		delete(sh.m, victim)
+		sh.m.remove(victim)
 	}
 	return victim.zone(), best > now
 }
@@ -355,38 +345,27 @@ func (s *MemoryStore) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m) + len(sh.logs)
+		n += sh.m.n + len(sh.logs)
 		sh.mu.Unlock()
 	}
 	return n
 }
 
 // Sweep drops every bucket that is full at the store's current time, and
-// rebuilds maps that shrank to a quarter of their peak so that their memory
-// is returned.
+// shrinks the tables left less than an eighth full so that their memory is
+// returned.
 func (s *MemoryStore) Sweep() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
-		for id, e := range sh.m {
-			if e.expires <= now {
-				delete(sh.m, id)
-			}
-		}
+		sh.m.sweep(now)
 		for id, lb := range sh.logs {
 			if lb.expires <= now {
 				delete(sh.logs, id)
 			}
 		}
 		sh.sweepBans(now)
-		if sh.peak > 1024 && len(sh.m) < sh.peak/4 {
-			m := make(map[bucketID]memEntry, len(sh.m))
-			for id, e := range sh.m {
-				m[id] = e
-			}
-			sh.m, sh.peak = m, len(m)
-		}
 		sh.mu.Unlock()
 	}
 }

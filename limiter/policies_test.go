@@ -117,9 +117,11 @@ func (s *policyStore) stored(t testing.TB, r *Rule, key string) int64 {
 		}
 		return n
 	case Concurrency:
-		return int64(sh.m[id].state)
+		e, _ := sh.m.get(id)
+		return int64(e.state)
 	}
-	_, curr, _ := r.windowCounts(sh.m[id].state, now)
+	e, _ := sh.m.get(id)
+	_, curr, _ := r.windowCounts(e.state, now)
 	return curr
 }
 
@@ -609,7 +611,7 @@ func TestRefundFixedWindow(t *testing.T) {
 			// bucket until its window ends.
 			id := s.ms.hash.id(r.bucket, "k")
 			s.ms.shards[id.shard()].mu.Lock()
-			e := s.ms.shards[id.shard()].m[id]
+			e, _ := s.ms.shards[id.shard()].m.get(id)
 			s.ms.shards[id.shard()].mu.Unlock()
 			if end := windowStart(s.clk.now(), w) + int64(w/time.Microsecond); e.expires != end {
 				t.Fatalf("after a refund the bucket expires at +%dus, want its window's end +%dus", e.expires-s.clk.now(), end-s.clk.now())

@@ -224,7 +224,7 @@ func compareStates(t *testing.T, rs *RedisStore, ms *MemoryStore, reqs []Request
 		id := ms.hash.id(q.Rule.bucket, q.Key)
 		sh := &ms.shards[id[0]%numShards]
 		sh.mu.Lock()
-		e, inMemory := sh.m[id]
+		e, inMemory := sh.m.get(id)
 		st := e.state
 		sh.mu.Unlock()
 		v, err := rs.Client().Get(context.Background(), rs.Key(q.Rule.bucket, q.Key)).Result()
