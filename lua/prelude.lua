@@ -141,8 +141,13 @@ local function flush()
   for ki = 1, #KEYS do
     local px = ttl[ki]
     if px then
-      local v = get(ki)
-      if v then call('SET', KEYS[ki], v, 'PX', digits(px)) else call('DEL', KEYS[ki]) end
+      local v = vals[ki]
+      if v == true then -- get's work, without the calls when the digits are known
+        v = (strs[tus[ki]] or digits(tus[ki])) .. (strs3[tks[ki]] or digits3(tks[ki]))
+      elseif v then
+        v = get(ki)
+      end
+      if v then call('SET', KEYS[ki], v, 'PX', strs[px] or digits(px)) else call('DEL', KEYS[ki]) end
     end
   end
 end

@@ -11,11 +11,12 @@
 -- tb_debt returns the ticks the bucket owes at now, at most its capacity.
 local function tb_debt(ki, denom, cap)
   local us, ticks
-  if vals[ki] == true then -- as this call left it (see put)
+  local v = vals[ki]
+  if v == true then -- as this call left it (see put)
     us, ticks = tus[ki], tks[ki]
   else
-    local v = get(ki)
     if not v then return 0 end
+    v = get(ki) -- a string, whatever put it
     us = tonumber(sub(v, 1, -4)) or 0
     ticks = tonumber(sub(v, -3)) or 0
   end
