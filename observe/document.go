@@ -209,9 +209,12 @@ type statsClock struct {
 
 // statsFeedStatus tells whether this node's sampled denials reach the
 // fleet's denial feed: Dropped counts those left out because the queue to
-// Redis was full, LastError is the last failure to send.
+// Redis was full, Thinned those this node's ring left out under a flood
+// (more than feedPerMilli in a millisecond), LastError is the last
+// failure to send.
 type statsFeedStatus struct {
 	Dropped   uint64      `json:"dropped"`
+	Thinned   uint64      `json:"thinned"`
 	LastError *statsError `json:"last_error,omitempty"`
 }
 
@@ -476,7 +479,7 @@ func (s *storeStats) snapshot(now int64) statsStore {
 		sj.Clock = &statsClock{OffsetMS: ms(c.Offset), RoundTripMS: ms(c.RoundTrip), Time: c.At}
 	}
 	if w := s.writer; w != nil {
-		sj.Feed = &statsFeedStatus{Dropped: s.feed.dropped.Load()}
+		sj.Feed = &statsFeedStatus{Dropped: s.feed.dropped.Load(), Thinned: s.feed.thinned.Load()}
 		if e := w.lastErr.Load(); e != nil {
 			sj.Feed.LastError = &statsError{Message: e.msg, Time: e.at}
 		}

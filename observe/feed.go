@@ -36,6 +36,12 @@ import (
 const (
 	// feedRing is how many denials each store's feed keeps on this node.
 	feedRing = 200
+	// feedPerMilli is how many denials of a millisecond a store's feed
+	// records at most (4,000 a second): under a bigger flood the ring is a
+	// sample of it, still its last fiftieth of a second at least, and a
+	// denial past the bound costs an atomic add instead of the copy of
+	// its request into a slot that is never in the CPU's cache.
+	feedPerMilli = 4
 	// feedSample is how many denials a second a store's feed sends to
 	// Redis at most: the first of each second.
 	feedSample = 50
@@ -187,6 +193,11 @@ type denialFeed struct {
 
 	queue   chan denial // nil for the memory store
 	dropped atomic.Uint64
+
+	// milli is the unix millisecond inMilli counts the denials of (see
+	// feedPerMilli); thinned counts those left out.
+	milli, inMilli atomic.Int64
+	thinned        atomic.Uint64
 }
 
 func newDenialFeed(sampled bool) *denialFeed {
@@ -197,9 +208,19 @@ func newDenialFeed(sampled bool) *denialFeed {
 	return f
 }
 
-// record keeps one denial, and queues it for Redis when it is among the
-// first feedSample of its second.
+// record keeps one denial, unless feedPerMilli of its millisecond were
+// kept, and queues it for Redis when it is among the first feedSample of
+// its second.
 func (f *denialFeed) record(req *denialRequest) {
+	if ms := req.at.UnixMilli(); f.milli.Load() != ms {
+		// A new millisecond. Two denials may both see it new: the bound
+		// is then passed by one, which does not matter.
+		f.milli.Store(ms)
+		f.inMilli.Store(1)
+	} else if f.inMilli.Add(1) > feedPerMilli {
+		f.thinned.Add(1)
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	d := &f.ring[f.next%feedRing]

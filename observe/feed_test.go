@@ -61,6 +61,25 @@ func TestDenialRing(t *testing.T) {
 	}
 }
 
+// TestDenialThinning: of the denials of one millisecond the ring keeps the
+// first feedPerMilli and counts the others thinned; the next millisecond
+// is recorded again.
+func TestDenialThinning(t *testing.T) {
+	t.Parallel()
+	f := newDenialFeed(false)
+	at := time.Unix(1_795_000_000, 0)
+	for i := range 10 {
+		f.record(testDenial("z", "k"+strconv.Itoa(i), "192.0.2.1", at.Add(time.Duration(i)*time.Microsecond), false))
+	}
+	if got, thinned := len(f.recent("", 1000)), f.thinned.Load(); got != feedPerMilli || thinned != 10-feedPerMilli {
+		t.Fatalf("10 denials in a millisecond: %d recorded, %d thinned; want %d and %d", got, thinned, feedPerMilli, 10-feedPerMilli)
+	}
+	f.record(testDenial("z", "next", "192.0.2.1", at.Add(time.Millisecond), false))
+	if d := f.recent("", 1); len(d) != 1 || d[0].KeyDigest != feedDigester.Digest("next") {
+		t.Fatalf("the next millisecond's denial: %+v, want it recorded", d)
+	}
+}
+
 // TestDenialMasking: without log_key a denial shows the key's digest and
 // the client's network, and its slot holds no more of the address; with
 // log_key the key and the address as they are. Long fields are cut, a long
@@ -81,17 +100,18 @@ func TestDenialMasking(t *testing.T) {
 		t.Errorf("fields: %+v", d)
 	}
 
-	f.record(testDenial("z", "2001:db8::/v6-key", "2001:db8:1:2:3:4:5:6", at, false))
+	// Each denial in a millisecond of its own: none is thinned.
+	f.record(testDenial("z", "2001:db8::/v6-key", "2001:db8:1:2:3:4:5:6", at.Add(time.Millisecond), false))
 	if d := f.recent("", 1)[0]; d.ClientIP != "2001:db8:1:2::/64" || d.Key != "" {
 		t.Errorf("IPv6 without log_key: %+v", d)
 	}
 
-	f.record(testDenial("z", "sk_live_secret", "203.0.113.77", at, true))
+	f.record(testDenial("z", "sk_live_secret", "203.0.113.77", at.Add(2*time.Millisecond), true))
 	if d := f.recent("", 1)[0]; d.Key != "sk_live_secret" || d.ClientIP != "203.0.113.77" || d.KeyDigest != feedDigester.Digest("sk_live_secret") {
 		t.Errorf("with log_key: %+v", d)
 	}
 
-	long := testDenial("z", strings.Repeat("k", 1000), "198.51.100.1", at, false)
+	long := testDenial("z", strings.Repeat("k", 1000), "198.51.100.1", at.Add(3*time.Millisecond), false)
 	long.path = "/" + strings.Repeat("p", 1000)
 	long.host = strings.Repeat("h", 1000)
 	long.method = strings.Repeat("M", 100)
@@ -105,7 +125,7 @@ func TestDenialMasking(t *testing.T) {
 	}
 
 	var none denialRequest
-	none.zone, none.digest, none.at = "z", feedDigester, at
+	none.zone, none.digest, none.at = "z", feedDigester, at.Add(4*time.Millisecond)
 	f.record(&none)
 	if d := f.recent("", 1)[0]; d.ClientIP != "" {
 		t.Errorf("no address: client_ip %q", d.ClientIP)
