@@ -220,6 +220,7 @@ type options struct {
 	warmup     time.Duration
 	conns      int
 	latConns   int // connections of the light-load pass; 0: none
+	aloneRuns  int // runs of each Redis configuration with Redis alone on a CPU (redisalone.go); 0: none
 	keys       int
 	threads    int // wrk threads; 0: chosen from the CPUs
 	out        string
@@ -250,10 +251,11 @@ func main() {
 	fmt.Fprintf(os.Stderr, "redis on %s; %d configurations x %d rounds, about %s\n", b.redis.Addr, len(b.configs), o.rounds, (time.Duration(len(b.configs)*o.rounds) * per).Round(time.Second))
 
 	samples := b.runRounds(o.rounds)
+	alone := b.redisAlone(o.aloneRuns)
 	profs := b.profiles(o.profile, o.out)
 	rep := &report{Machine: m, Pinning: b.pin.String(), Args: strings.Join(os.Args[1:], " "), Rounds: o.rounds,
 		Duration: b.duration, Warmup: b.warmup, Threads: b.threads, MaxForeign: b.maxForeign, Retries: b.retries, Configs: b.configs, Samples: samples,
-		Profiles: profs}
+		RedisAlone: alone, Profiles: profs}
 	writeResults(e, rep, o.out)
 }
 
@@ -265,6 +267,7 @@ func parseFlags() options {
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each measurement")
 	flag.IntVar(&o.conns, "connections", 50, "wrk connections")
 	flag.IntVar(&o.latConns, "latency-connections", 1, "connections of the light-load pass (0: skip it)")
+	flag.IntVar(&o.aloneRuns, "redis-alone-runs", 3, "after the rounds, runs of each admitted Redis configuration with Redis alone on a CPU, for its time per decision (0: skip them)")
 	flag.IntVar(&o.keys, "keys", 100000, "distinct keys of the random-key configurations")
 	flag.IntVar(&o.threads, "threads", 0, "wrk threads (0: one per CPU wrk may use)")
 	flag.StringVar(&o.out, "out", "bench-results", "directory for results.md, chart.svg, results.json")
