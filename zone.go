@@ -24,15 +24,18 @@ type Zone struct {
 	Name string `json:"name"`
 
 	// Key lists placeholder expressions; the client key is the first one
-	// that is not empty. Keys longer than 64 bytes or with unusual
-	// characters are hashed (SHA-256), so client input cannot grow the
-	// store or break a key. When every expression is empty, all such
-	// requests share one bucket. Default: `{http.vars.client_ip}` (one
-	// bucket per client IP) for a zone in fleetlimit's form (Rate and
-	// Per); none for a zone in caddy-ratelimit's form (Window and Events,
-	// in the Caddyfile or JSON), so that its requests all share ONE
-	// bucket, as they did in that plugin, whose key defaulted to an empty,
-	// static string.
+	// that is not empty. Each alternative is a namespace of its own: a
+	// value of the second never shares a bucket with the same value of
+	// the first, so a client cannot spend the bucket of `{client_ip}`
+	// 192.0.2.7 by sending `X-API-Key: 192.0.2.7`. Keys longer than 64
+	// bytes or with unusual characters are hashed (SHA-256), so client
+	// input cannot grow the store or break a key. When every expression
+	// is empty, all such requests share one bucket. Default:
+	// `{http.vars.client_ip}` (one bucket per client IP) for a zone in
+	// fleetlimit's form (Rate and Per); none for a zone in
+	// caddy-ratelimit's form (Window and Events, in the Caddyfile or
+	// JSON), so that its requests all share ONE bucket, as they did in
+	// that plugin, whose key defaulted to an empty, static string.
 	Key []string `json:"key,omitempty"`
 
 	// Algorithm is how the zone counts: `token_bucket` (a bucket of Burst
@@ -353,17 +356,26 @@ func (z *Zone) legacyForm() bool {
 	return z.Window != 0 || z.Events != 0
 }
 
-// keyOf returns the zone's bounded client key for a request.
+// keyOf returns the zone's bounded client key for a request: the value of
+// the first key alternative that is not empty, in the namespace of that
+// alternative (limiter.SourceKey).
 func (z *Zone) keyOf(r *http.Request, repl *caddy.Replacer) string {
-	for _, k := range z.keys {
+	for i, k := range z.keys {
 		if v := k.eval(r, repl); v != "" {
-			if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
-				v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
-			}
-			return limiter.ClientKey(v)
+			return z.normalKey(i, v)
 		}
 	}
 	return ""
+}
+
+// normalKey returns the bucket key of the value v of the zone's source-th
+// key alternative: its network when the zone groups addresses, bounded and
+// in the alternative's namespace.
+func (z *Zone) normalKey(source int, v string) string {
+	if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
+		v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
+	}
+	return limiter.SourceKey(source, v)
 }
 
 // costOf returns the request's cost in this zone; false when a dynamic cost

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"hash"
+	"strconv"
 	"sync"
 )
 
@@ -33,12 +34,18 @@ var safeKeyByte = func() (t [256]bool) {
 	return t
 }()
 
+// sourceSeparator ends the source number of a key from a zone's second or
+// later key alternative (see SourceKey). It is neither in the safe set nor
+// the hashed prefix, so ClientKey never yields it.
+const sourceSeparator = ","
+
 // ClientKey returns a bounded, structurally safe form of a client-controlled
 // key: the key itself when it is at most maxKeyLen bytes of the safe set,
 // otherwise "#" and 22 characters of base64url SHA-256 (128 bits), so that a
 // hostile value can neither grow storage nor break the key's structure, and
-// no two clients can be made to share a bucket. It does not allocate for a
-// key kept verbatim.
+// no two values share a bucket. It does not allocate for a key kept
+// verbatim. Where a key may come from several sources, SourceKey keeps them
+// apart.
 func ClientKey(raw string) string {
 	if len(raw) <= maxKeyLen {
 		safe := true
@@ -54,6 +61,20 @@ func ClientKey(raw string) string {
 	}
 	sum := sha256.Sum256([]byte(raw))
 	return hashedKeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// SourceKey returns the bucket key of a value that the source-th (from 0)
+// of a zone's key alternatives produced: ClientKey(raw) for the first, and
+// for a later one the same after the source's number (from 1) and a comma,
+// which ClientKey never yields. Values of different sources never share a
+// bucket, so a client cannot spend the bucket of the address 192.0.2.7 by
+// sending "192.0.2.7" in the header that the first alternative reads.
+func SourceKey(source int, raw string) string {
+	k := ClientKey(raw)
+	if source == 0 {
+		return k
+	}
+	return strconv.Itoa(source+1) + sourceSeparator + k
 }
 
 // Digester turns client keys into the short digests that logs, statistics

@@ -3,6 +3,7 @@ package limiter
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -189,4 +190,29 @@ func FuzzClientKey(f *testing.F) {
 			t.Fatalf("ClientKey(%q) == ClientKey(%q)", raw, other)
 		}
 	})
+}
+
+// TestSourceKeyNamespaces checks that no value of one key alternative can
+// name the bucket of another's: the same value, a value that spells another
+// source's key, and a long one hashed.
+func TestSourceKeyNamespaces(t *testing.T) {
+	t.Parallel()
+	values := []string{"127.0.0.1", "2,127.0.0.1", "3,127.0.0.1", "#x", strings.Repeat("a", maxKeyLen+1), "", ","}
+	seen := map[string]string{}
+	for source := range 3 {
+		for _, v := range values {
+			k := SourceKey(source, v)
+			if len(k) > maxKeyLen+3 || strings.ContainsAny(k, "{}") {
+				t.Errorf("SourceKey(%d, %q) = %q: unbounded or breaks a hash tag", source, v, k)
+			}
+			who := fmt.Sprintf("source %d value %q", source, v)
+			if prev, ok := seen[k]; ok {
+				t.Errorf("%s and %s share the bucket %q", prev, who, k)
+			}
+			seen[k] = who
+		}
+	}
+	if SourceKey(0, "127.0.0.1") != ClientKey("127.0.0.1") {
+		t.Error("the first alternative's keys are not ClientKey's: their buckets would be renamed")
+	}
 }
