@@ -31,7 +31,9 @@ type Request struct {
 	// safe (see ClientKey).
 	Key string
 	// Cost is how many tokens the request takes; 0 only looks. (A
-	// concurrency zone: how many slots; 1 as a rule.)
+	// concurrency zone: how many slots; 1 as a rule.) Deciding lowers a
+	// cost above what the rule could ever admit to one more than that
+	// (never admitted either way), and a negative one to 0, in place.
 	Cost int64
 	// Reserve is the share of the zone's capacity, in percent (0 to 99),
 	// that the request must leave after its charge: with 30, it is
@@ -239,6 +241,7 @@ func (l *Limiter) Store() Store { return l.store }
 // the store fails, each zone's policy applies (see Outcome); zones left
 // unconsulted are marked Unknown.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) Outcome {
+	boundCosts(reqs) // before the spares and the deny cache count with them
 	for i := range reqs {
 		if reqs[i].Rule.alg == Concurrency && reqs[i].Slot == "" {
 			reqs[i].Slot = l.slots.next()

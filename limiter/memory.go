@@ -100,6 +100,7 @@ func (s *MemoryStore) now() int64 { return s.clock.Now().UnixMicro() }
 
 // Decide implements Store. It never fails.
 func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result) (bool, error) {
+	boundCosts(reqs)
 	if len(reqs) == 1 {
 		return s.decideOne(&reqs[0], &results[0]), nil
 	}
@@ -218,6 +219,7 @@ func (s *MemoryStore) commit(sh *shard, id bucketID, r *Rule, v verdict, now, co
 // counts; a concurrency zone frees the request's slot. A dry-run zone that
 // would have denied was not charged: it gets nothing back.
 func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result) error {
+	boundCosts(reqs)
 	for i := range reqs {
 		r, cost := reqs[i].Rule, reqs[i].Cost
 		if cost <= 0 || results[i].DryRun {

@@ -328,6 +328,7 @@ func (s *RedisStore) Breaker() *Breaker { return s.breaker }
 // Decide implements Store. While the circuit breaker is open it fails at
 // once with ErrBreakerOpen.
 func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	boundCosts(reqs)
 	allowed, probe := s.breaker.allow()
 	if !allowed {
 		return false, ErrBreakerOpen
@@ -501,6 +502,7 @@ wait:
 // reqs (results are Decide's), in one script call per Cluster slot, queued
 // like the decisions and bounded by the store's timeout.
 func (s *RedisStore) Refund(ctx context.Context, reqs []Request, results []Result) error {
+	boundCosts(reqs)
 	ctx, cancel := s.timeoutContext(ctx)
 	defer cancel()
 	groups := [][]int{nil}

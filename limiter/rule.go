@@ -345,3 +345,21 @@ func gcd(a, b int64) int64 {
 	}
 	return a
 }
+
+// maxCost is the largest cost a request of the rule is decided with: one
+// more than the most the rule can ever admit at once (the burst, the
+// window's limit, or the concurrency limit), so that such a request is
+// still never admitted, and sums of costs stay far from overflowing.
+func (r *Rule) maxCost() int64 { return max(r.rate, r.burst) + 1 }
+
+// boundCosts bounds, in place, every request's cost to [0, maxCost] before
+// any arithmetic sees it: a client-chosen cost (`cost {header.X-Tokens}`)
+// of 2^63-1 is denied as never admissible, as any cost above the burst
+// is, instead of wrapping a sum negative.
+func boundCosts(reqs []Request) {
+	for i := range reqs {
+		if c := reqs[i].Cost; c < 0 || c > reqs[i].Rule.maxCost() {
+			reqs[i].Cost = min(max(c, 0), reqs[i].Rule.maxCost())
+		}
+	}
+}
