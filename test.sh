@@ -2,10 +2,11 @@
 # Runs the test suite: `go test -race -count=1 ./...`, with any arguments
 # passed through (./test.sh -run TestX ./limiter/).
 #
-# The suite starts real processes: redis-server and redis-cli, nginx,
-# chromium and stress-ng, and promtool, wrk or redis-sentinel once a test
-# uses them. What is missing is installed with apt-get when this runs as
-# root; otherwise the script names it in one line and exits 1.
+# The suite needs a C compiler (-race needs cgo) and starts real
+# processes: redis-server and redis-cli, nginx, chromium and stress-ng, and
+# promtool, wrk or redis-sentinel once a test uses them. What is missing is
+# installed with apt-get when this runs as root; otherwise the script names
+# it in one line and exits 1.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -22,12 +23,20 @@ used() {
 	grep -rqs --include='*_test.go' -e "\"$1\"" . || grep -rqs --include='*.go' -e "\"$1\"" internal
 }
 
+if ! command -v go >/dev/null 2>&1; then
+	echo "test.sh: go is not on PATH: install Go 1.26 or later (https://go.dev/dl/)" >&2
+	exit 1
+fi
+
 need=()
 want() { # want BINARY DEBIAN-PACKAGE
 	if ! have "$1" && [[ " ${need[*]} " != *" $2 "* ]]; then
 		need+=("$2")
 	fi
 }
+# -race needs cgo, so a C compiler (Go's CC, gcc unless set).
+cc="$(go env CC)"
+want "${cc%% *}" gcc
 want redis-server redis-server
 want redis-cli redis-tools
 want nginx nginx
@@ -48,10 +57,6 @@ if [ ${#need[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-if ! command -v go >/dev/null 2>&1; then
-	echo "test.sh: go is not on PATH: install Go 1.26 or later (https://go.dev/dl/)" >&2
-	exit 1
 fi
 
 # Every tool is here now, so a test that would skip for want of one fails
