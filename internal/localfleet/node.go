@@ -61,6 +61,7 @@ type Node struct {
 	t       redistest.T
 	bin     string
 	cfgPath string
+	file    bool // cfgPath is the caller's file (StartFile): Reload refuses
 	proc    proc
 	env     []string
 }
@@ -110,6 +111,31 @@ func StartNode(t redistest.T, bin, globals, site string, env ...string) *Node {
 	return n
 }
 
+// StartFile runs the Caddy binary bin on the caller's configuration file
+// cfg, as `caddy run --config cfg` does, with env added to the process's
+// environment (the file can take its ports from it: {$PORT}). It waits
+// until the admin endpoint admin (host:port) serves a configuration that
+// listens on port. The node is stopped when the test ends; Reload refuses
+// to write over the caller's file.
+func StartFile(t redistest.T, bin, cfg, admin string, port int, env ...string) *Node {
+	t.Helper()
+	n := &Node{t: t, bin: bin, Port: port, Admin: admin, Log: &SyncBuffer{}, env: env, cfgPath: cfg, file: true}
+	n.URL = fmt.Sprintf("http://127.0.0.1:%d", port)
+	cmd := exec.Command(bin, "run", "--config", cfg)
+	home := t.TempDir()
+	cmd.Env = append(append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home, "XDG_DATA_HOME="+home), env...)
+	p, err := startProc("caddy", cmd, n.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.proc = p
+	t.Cleanup(n.Stop)
+	n.proc.waitReady(t, n.ready, func() string {
+		return fmt.Sprintf("caddy on %s did not serve port %d on admin %s within %s", cfg, port, admin, readyTimeout)
+	})
+	return n
+}
+
 func (n *Node) writeConfig(globals, site string) {
 	n.t.Helper()
 	cfg := fmt.Sprintf("{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n%s\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n",
@@ -137,6 +163,9 @@ func (n *Node) ready() bool {
 // Reload replaces the configuration and reloads the running Caddy through
 // its admin endpoint, as `caddy reload` does.
 func (n *Node) Reload(globals, site string) error {
+	if n.file {
+		return fmt.Errorf("caddy reload: the node runs %s, which Reload does not replace", n.cfgPath)
+	}
 	n.writeConfig(globals, site)
 	out, err := exec.Command(n.bin, "reload", "--config", n.cfgPath, "--adapter", "caddyfile", "--address", n.Admin).CombinedOutput()
 	if err != nil {
