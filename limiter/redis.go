@@ -140,6 +140,9 @@ type RedisStore struct {
 	// extended counts decisions that waited past the timeout because this
 	// node was starved, or Redis was answering slowly but answering.
 	extended atomic.Uint64
+	// givenBack counts abandoned decisions whose charges were given back
+	// (giveback.go).
+	givenBack atomic.Uint64
 	// bans is the ban registry and the ban channel's subscriber
 	// (redisbans.go, redisunban.go).
 	bans *redisBans
@@ -415,14 +418,20 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 func (s *RedisStore) timeoutContext(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	start := s.stall.mark()
-	var t *time.Timer
-	t = time.AfterFunc(s.timeout, func() {
+	// An extension arms a timer of its own: the first one's callback
+	// cannot reach the variable its creation is still assigning.
+	var fire func()
+	fire = func() {
+		if ctx.Err() != nil {
+			return
+		}
 		if wait := s.extension(start, 0); wait > 0 {
-			t.Reset(wait)
+			time.AfterFunc(wait, fire)
 			return
 		}
 		cancel(s.errTimeout)
-	})
+	}
+	t := time.AfterFunc(s.timeout, fire)
 	return ctx, func() { t.Stop(); cancel(context.Canceled) }
 }
 
@@ -485,8 +494,8 @@ wait:
 	}
 	if gaveUp != nil {
 		token := s.failureToken(c.trip.Load()) // before the call may go back to the pool
-		if c.state.CompareAndSwap(0, 2) {
-			return false, token, gaveUp // the worker returns the call to the pool
+		if c.abandon() {
+			return false, token, gaveUp // the worker gives back its charges and returns it to the pool
 		}
 		<-c.done // delivered as we gave up: use it
 	}

@@ -38,9 +38,9 @@ type call struct {
 	// does), for the circuit breaker.
 	trip atomic.Uint64
 
-	// For calls from the pool (see decideOne): who is done with it last
-	// returns it. 0 pending, 1 delivered to a waiting caller, 2 abandoned
-	// by a caller that gave up (the worker then returns it).
+	// 0 pending, 1 delivered to a waiting caller, 2 abandoned by a
+	// caller that gave up (the worker then gives back its charges, and
+	// returns a call from the pool to it: who is done with it last).
 	state  atomic.Uint32
 	pooled bool
 	timer  *time.Timer
@@ -50,15 +50,19 @@ type call struct {
 // channel, timer and slices.
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1), pooled: true} }}
 
-// deliver hands a finished call back to its caller, or to the pool if the
-// caller gave up on it.
-func (c *call) deliver() {
-	if !c.pooled || c.state.CompareAndSwap(0, 1) {
+// deliver hands a finished call back to its caller and reports true, or
+// reports false if the caller gave up on it.
+func (c *call) deliver() bool {
+	if c.state.CompareAndSwap(0, 1) {
 		c.done <- struct{}{}
-		return
+		return true
 	}
-	putCall(c)
+	return false
 }
+
+// abandon marks the call given up by its caller and reports true, or
+// reports false if it was delivered meanwhile (its reply is then in done).
+func (c *call) abandon() bool { return c.state.CompareAndSwap(0, 2) }
 
 // putCall empties a call and returns it to the pool.
 func putCall(c *call) {
@@ -95,6 +99,12 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 		}
 		s.run(&p, batch, inFlight)
 		clear(batch)
+		if len(p.giveBack) > 0 {
+			// Refunds: their own replies give nothing back.
+			s.run(&p, p.giveBack, inFlight)
+			clear(p.giveBack)
+			p.giveBack = p.giveBack[:0]
+		}
 	}
 }
 
@@ -118,6 +128,9 @@ type pipeline struct {
 	// zones holds, per zone of the script call's calls in order, the index
 	// of its rule and of its bucket (from 1).
 	zones []int
+	// giveBack holds the refunds of the batch's abandoned decisions that
+	// Redis charged (giveback.go), sent after the batch.
+	giveBack []*call
 }
 
 // group sorts a batch into script calls: the decisions into one (per slot
@@ -175,7 +188,7 @@ func (s *RedisStore) group(p *pipeline, batch []*call) []scriptCall {
 func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[flight]) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*s.maxWait)
 	defer cancel()
-	batch = live(batch)
+	batch = s.live(batch)
 	if len(batch) == 0 {
 		return
 	}
@@ -191,18 +204,20 @@ func (s *RedisStore) run(p *pipeline, batch []*call, inFlight *atomic.Pointer[fl
 	s.timeTrip(left, groups)
 	s.resend(ctx, p, groups)
 	for i := range groups {
-		s.deliver(&groups[i])
+		s.deliver(p, &groups[i])
 	}
 }
 
-// live returns the calls of batch whose callers still wait, in batch's
-// backing array. Calls whose callers gave up waiting in the queue are not
-// sent: their requests already took the failure policy.
-func live(batch []*call) []*call {
+// live returns the calls of batch to send, in batch's backing array:
+// decisions whose callers gave up waiting in the queue are not sent (their
+// requests already took the failure policy); refunds always are.
+func (s *RedisStore) live(batch []*call) []*call {
 	live := batch[:0]
 	for _, c := range batch {
-		if c.pooled && c.state.Load() == 2 {
-			putCall(c)
+		if c.script != s.refund && c.state.Load() == 2 {
+			if c.pooled {
+				putCall(c)
+			}
 			continue
 		}
 		live = append(live, c)
@@ -274,14 +289,17 @@ func (s *RedisStore) timeTrip(left stallMark, groups []scriptCall) {
 }
 
 // deliver hands each call of a script call its part of the reply, or the
-// error.
-func (s *RedisStore) deliver(g *scriptCall) {
+// error; the charges of a decision whose caller gave up go back (p's
+// giveBack).
+func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 	if g.script == s.refund {
 		c := g.calls[0]
 		if c.err = g.cmd.Err(); c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
-		c.deliver()
+		if !c.deliver() && c.pooled {
+			putCall(c)
+		}
 		return
 	}
 	reply, err := g.cmd.Slice()
@@ -304,7 +322,15 @@ func (s *RedisStore) deliver(g *scriptCall) {
 			}
 		}
 		o += w
-		c.deliver() // the last use of c: it may go back to the pool
+		if c.deliver() {
+			continue // the last use of c: its caller may return it to the pool
+		}
+		if back := s.giveBackCall(c); back != nil {
+			p.giveBack = append(p.giveBack, back)
+		}
+		if c.pooled {
+			putCall(c)
+		}
 	}
 }
 

@@ -157,7 +157,11 @@ func (s *RedisStore) send(ctx context.Context, c *call) error {
 	case <-c.done:
 		return c.err
 	case <-ctx.Done():
-		return s.ctxErr(ctx)
+		if c.abandon() {
+			return s.ctxErr(ctx) // the worker gives back its charges
+		}
+		<-c.done // delivered as we gave up: use it
+		return c.err
 	}
 }
 
@@ -182,7 +186,12 @@ func (s *RedisStore) sendAll(ctx context.Context, calls []*call) []error {
 		case <-c.done:
 			errs[i] = c.err
 		case <-ctx.Done():
-			errs[i] = s.ctxErr(ctx)
+			if c.abandon() {
+				errs[i] = s.ctxErr(ctx) // the worker gives back its charges
+				continue
+			}
+			<-c.done // delivered as we gave up: use it
+			errs[i] = c.err
 		}
 	}
 	return errs
