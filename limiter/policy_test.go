@@ -110,3 +110,38 @@ func TestNewRuleRejectsMisfits(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalFallbackKeepsBans: while the store fails, a zone's local
+// buckets ban as the zone does: a key denied After times on this node is
+// banned for the ban's duration, and the refill does not let it back in.
+func TestLocalFallbackKeepsBans(t *testing.T) {
+	t.Parallel()
+	clk := newTestClock(epoch)
+	l := New(failingStore{}, Options{Local: newMemory(t, clk)})
+	r := mustConfig(t, RuleConfig{Name: "login", Rate: 10, Per: time.Second, Burst: 2, OnError: PolicyLocal,
+		Ban: Ban{Duration: time.Hour, After: 3, Window: time.Minute}})
+	decide := func() (Outcome, Result) {
+		res := make([]Result, 1)
+		out := l.Decide(context.Background(), []Request{{Rule: r, Key: "mallory", Cost: 1}}, res)
+		return out, res[0]
+	}
+	var outs []Outcome
+	for range 5 {
+		out, _ := decide()
+		outs = append(outs, out)
+	}
+	out, res := decide()
+	if out != LocalDenied || !res.Banned || res.RetryAfter < 59*time.Minute {
+		t.Fatalf("after %v, the next request: %v %+v; want denied, banned for about an hour", outs, out, res)
+	}
+	clk.add(int64(10 * time.Second / time.Microsecond)) // the bucket is full again
+	if out, res := decide(); out != LocalDenied || !res.Banned {
+		t.Fatalf("10 s later, the local bucket full again: %v %+v; want still banned", out, res)
+	}
+	if out, _ := func() (Outcome, Result) {
+		res := make([]Result, 1)
+		return l.Decide(context.Background(), []Request{{Rule: r, Key: "alice", Cost: 1}}, res), res[0]
+	}(); out != LocalAllowed {
+		t.Fatalf("another key: %v, want admitted locally", out)
+	}
+}
