@@ -236,6 +236,18 @@ func (r *Rule) reserveUnits(pct int64) int64 {
 	return ceilDiv(r.capacity*pct, 100) // capacity < 2^50: no overflow
 }
 
+// reserveTokens is reserveUnits in tokens (the windows: requests) of the
+// capacity, rounded up, as a result's Remaining counts them.
+func (r *Rule) reserveTokens(pct int64) int64 {
+	switch {
+	case pct <= 0 || r.alg == Concurrency:
+		return 0
+	case r.alg.windowed():
+		return ceilDiv(r.rate*min(pct, 99), 100)
+	}
+	return ceilDiv(r.burst*min(pct, 99), 100)
+}
+
 // commit returns the state after charging a request that v admitted at
 // microsecond now, and the microsecond from which it counts nothing (the
 // window it counts in has passed, or the bucket is full again).

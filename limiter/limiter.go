@@ -219,6 +219,7 @@ type Limiter struct {
 	// first takes some.
 	spares   atomic.Pointer[spares]
 	sparesMu sync.Mutex // starting spares
+	closed   bool       // Close was called (under sparesMu): no more holders
 }
 
 // New returns a limiter deciding through store.

@@ -33,7 +33,17 @@ import (
 // bucket was low, or empty) makes the node leave the key's bucket alone
 // for a short pause — the time the zone's rate takes to refill the spares
 // it missed, at most half the hold — while it admits from the spares it
-// got and then denies (Retry-After: the pause's rest). A saturated hot key
+// got and then denies (Retry-After: the pause's rest) the requests of the
+// classes that are low: those whose decision would not get all its spares
+// either, by what the zone held at that decision (less the spares used
+// since), their cost and their reserve. So a class shed for its reserve
+// (analytics, 30%) paces itself only: a class the bucket still covers with
+// room for its spares (the critical one, reserve 0) is decided by the
+// store, and gets them.
+//
+// Reserve: a request is admitted from spares only if the zone, its bucket
+// and this node's unused spares as last seen, keeps the request's reserve
+// after its cost, as the store would require. A saturated hot key
 // would otherwise be asked about by every request of every node and give
 // each of them little: paced, the bucket fills between the nodes' calls,
 // each call takes more, and the tokens not taken meanwhile stay in the
@@ -157,8 +167,14 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 		if sp == nil || sp.rule != q.Rule {
 			continue
 		}
-		if sp.n < q.Cost || !now.Before(sp.deadline) {
-			if now.Before(sp.pause) {
+		// The zone (its bucket and the spares) must keep the request's
+		// reserve, as the store would have it. A request the spares do
+		// not cover goes to the store, unless the key is paced and its
+		// class is low: what the zone held lately, less the request's
+		// cost and reserve, would not give a decision all its spares.
+		left := sp.remaining - q.Cost - q.Rule.reserveTokens(q.Reserve)
+		if sp.n < q.Cost || !now.Before(sp.deadline) || left < 0 {
+			if now.Before(sp.pause) && left < 4*(q.Rule.prefetch-q.Cost) {
 				s.undo(reqs, local)
 				for j := range results {
 					results[j] = Result{Allowed: true, Unknown: true}
@@ -231,6 +247,7 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time) {
 		if sp.reset == 0 {
 			sp.reset = res.ResetAfter
 		}
+		sp.remaining = res.Remaining // what the zone holds now, spares included
 		s.mu.Unlock()
 	}
 }
@@ -335,6 +352,7 @@ func (l *Limiter) PrefetchStats() (hits, taken, returned uint64) {
 func (l *Limiter) Close() {
 	l.sparesMu.Lock()
 	sp := l.spares.Swap(nil)
+	l.closed = true
 	l.sparesMu.Unlock()
 	if sp != nil {
 		close(sp.stop)
@@ -347,11 +365,16 @@ func (l *Limiter) Close() {
 const prefetchTick = 20 * time.Millisecond
 
 // keepSpares keeps the spares an admitted decision took, starting the
-// holder on the first ones.
+// holder on the first ones. After Close it gives them back at once.
 func (l *Limiter) keepSpares(reqs []Request, results []Result) {
 	for i := range results {
 		if results[i].spares > 0 {
 			l.sparesMu.Lock()
+			if l.closed {
+				l.sparesMu.Unlock()
+				l.giveBack(takenSpares(reqs, results))
+				return
+			}
 			sp := l.spares.Load()
 			if sp == nil {
 				sp = newSpares(l, prefetchTick)
@@ -363,6 +386,17 @@ func (l *Limiter) keepSpares(reqs []Request, results []Result) {
 			return
 		}
 	}
+}
+
+// takenSpares lists the spares a decision took, to give them back.
+func takenSpares(reqs []Request, results []Result) []*spare {
+	var list []*spare
+	for i := range results {
+		if res := &results[i]; res.spares > 0 && res.Allowed && !res.Unknown {
+			list = append(list, &spare{rule: reqs[i].Rule, key: reqs[i].Key, n: res.spares, at: res.at})
+		}
+	}
+	return list
 }
 
 // keepTaken records the spares of an admitted decision; older spares it

@@ -1,0 +1,94 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestPrefetchSparesRespectReserve: a request admitted from the node's
+// spares leaves the zone its reserve, as one decided by the store does: a
+// class with reserve 80 stops where the zone (its bucket and the node's
+// unused spares) would keep less than 80 of 100.
+func TestPrefetchSparesRespectReserve(t *testing.T) {
+	clk := newTestClock(epoch)
+	ms := newMemory(t, clk)
+	l := New(ms, Options{})
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 1, Per: time.Hour, Burst: 100, Prefetch: 40})
+	res := make([]Result, 1)
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res); out != Allowed || res[0].spares == 0 {
+		t.Fatalf("first decision: %v %+v, want admitted with spares", out, res[0])
+	}
+	admitted := 1
+	for range 40 {
+		if l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1, Reserve: 80}}, res) != Allowed {
+			break
+		}
+		admitted++
+	}
+	l.Close() // the unused spares go back
+	check := make([]Result, 1)
+	if _, err := ms.Decide(context.Background(), []Request{{Rule: pf, Key: "k"}}, check); err != nil {
+		t.Fatal(err)
+	}
+	if check[0].Remaining < 80 || check[0].Remaining+int64(admitted) != 100 {
+		t.Fatalf("reserve 80 admitted %d in all, and the bucket holds %d: want at least 80 kept", admitted, check[0].Remaining)
+	}
+}
+
+// TestPrefetchPacingSparesCoveredClasses: a shed of a class with a reserve
+// paces the key, but a class whose reserve the bucket still covers (the
+// critical one, reserve 0) is still decided, and admitted; an empty bucket
+// still paces everyone.
+func TestPrefetchPacingSparesCoveredClasses(t *testing.T) {
+	clk := newTestClock(epoch)
+	ms := newMemory(t, clk)
+	l := New(ms, Options{})
+	defer l.Close()
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 1, Per: time.Hour, Burst: 100, Prefetch: 10, PrefetchHold: time.Minute})
+	if ok, _ := decideOne(t, ms, pf, "k", 60); !ok { // 40 left
+		t.Fatal("could not spend 60 of 100")
+	}
+	res := make([]Result, 1)
+	// Another key's spares start the node's holder of spares.
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "warm", Cost: 1}}, res); out != Allowed || l.spares.Load() == nil {
+		t.Fatalf("warming: %v %+v, want admitted with spares", out, res[0])
+	}
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1, Reserve: 50}}, res); out != Denied {
+		t.Fatalf("reserve 50 with 40 left: %v %+v, want shed", out, res[0])
+	}
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res); out != Allowed {
+		t.Fatalf("reserve 0 right after the shed, 40 left: %v %+v, want admitted (paced by another class's shed)", out, res[0])
+	}
+	// Empty the bucket: the key is paced for everyone.
+	if ok, _ := decideOne(t, ms, pf, "k", res[0].Remaining-res[0].spares); !ok {
+		t.Fatal("could not empty the bucket")
+	}
+	for range 20 {
+		l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res)
+	}
+	if _, paced := l.spares.Load().take([]Request{{Rule: pf, Key: "k", Cost: 1}}, make([]Result, 1), make([]bool, 1), time.Now()); !paced {
+		t.Fatal("an empty bucket does not pace the key")
+	}
+}
+
+// TestPrefetchAfterClose: a decision made after Close (a request still in
+// flight while its configuration unloads) starts no holder of spares,
+// whose sweeper nobody would stop: its spares go straight back.
+func TestPrefetchAfterClose(t *testing.T) {
+	clk := newTestClock(epoch)
+	ms := newMemory(t, clk)
+	l := New(ms, Options{})
+	l.Close()
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 1, Per: time.Hour, Burst: 100, Prefetch: 10})
+	res := make([]Result, 1)
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res); out != Allowed {
+		t.Fatalf("after Close: %v", out)
+	}
+	if l.spares.Load() != nil {
+		t.Fatal("a decision after Close started a holder of spares (and its sweeper)")
+	}
+	if _, check := decideOne(t, ms, pf, "k", 0); check.Remaining != 99 {
+		t.Fatalf("the bucket holds %d after one request, want 99: the spares did not go back", check.Remaining)
+	}
+}
