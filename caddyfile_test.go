@@ -308,6 +308,30 @@ var badCaddyfiles = []struct {
 	}
 }`, 6, `got "some"`},
 
+	// Key prefix.
+	{"key_prefix with a hash tag", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			key_prefix rl{all}:
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `key_prefix must not hold braces`},
+	{"key_prefix too long", `:80 {
+	rate_limit {
+		redis {
+			address 127.0.0.1:6379
+			key_prefix ` + strings.Repeat("p", 65) + `
+		}
+		zone api {
+			rate 10 1s
+		}
+	}
+}`, 5, `key_prefix must be at most 64 bytes, got 65`},
+
 	// Memory bound.
 	{"max_keys zero", `:80 {
 	rate_limit {

@@ -155,7 +155,8 @@ type Handler struct {
 	headers     headerMode
 	limiter     *limiter.Limiter
 	poolKey     string
-	localKey    string // the memory store of local fallback buckets, if any
+	localKey    string       // the memory store of local fallback buckets, if any
+	memory      *memoryStore // the pooled memory store, when this handler uses it (its settings)
 	logger      *zap.Logger
 	digest      limiter.Digester // client keys' digests in logs, stats and events
 	anyMatch    bool             // some zone has matchers

@@ -162,6 +162,7 @@ func (h *Handler) Cleanup() error {
 	if h.obs != nil {
 		err = h.obs.Cleanup() // first: it may stop a reporter using the store
 	}
+	h.releaseMemorySettings()
 	for _, key := range []string{h.poolKey, h.localKey} {
 		if key != "" {
 			if _, e := stores.Delete(key); e != nil {

@@ -73,6 +73,9 @@ func (c *RedisConfig) validate() error {
 	case c.Protocol != 0 && c.Protocol != 2 && c.Protocol != 3:
 		return inSetting("protocol", fmt.Errorf("protocol must be 2 or 3, got %d", c.Protocol))
 	}
+	if err := limiter.CheckKeyPrefix(c.KeyPrefix); err != nil {
+		return inSetting("key_prefix", err)
+	}
 	for _, s := range redisDurations {
 		if *s.field(c) < 0 {
 			return inSetting(s.name, fmt.Errorf("%s must not be negative", s.name))

@@ -2,8 +2,10 @@ package fleetlimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -23,8 +25,56 @@ var stores = caddy.NewUsagePool()
 // memoryPoolKey is the pool key of the process's one memory store.
 const memoryPoolKey = "memory"
 
-// memoryStore and redisStore are the pooled stores.
-type memoryStore struct{ *limiter.MemoryStore }
+// memoryStore and redisStore are the pooled stores. The memory store
+// carries the settings its handlers asked for.
+type memoryStore struct {
+	*limiter.MemoryStore
+	settings *memorySettings
+}
+
+// memorySettings are the key bounds and sweep intervals that the handlers
+// using the memory store asked for, in the order they were provisioned.
+// The last one still provisioned sets them: a configuration whose load
+// failed after its handlers were provisioned has them cleaned up, and the
+// settings of the configuration still running come back.
+type memorySettings struct {
+	mu     sync.Mutex
+	claims []memoryClaim
+}
+
+// memoryClaim is one handler's settings of the memory store.
+type memoryClaim struct {
+	owner   *Handler
+	maxKeys int
+	sweep   time.Duration
+}
+
+// claim records owner's settings (once per owner) and applies the latest.
+func (m *memorySettings) claim(s *limiter.MemoryStore, c memoryClaim) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.claims = slices.DeleteFunc(m.claims, func(o memoryClaim) bool { return o.owner == c.owner })
+	m.claims = append(m.claims, c)
+	m.apply(s)
+}
+
+// release forgets owner's settings and applies the latest left.
+func (m *memorySettings) release(s *limiter.MemoryStore, owner *Handler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.claims = slices.DeleteFunc(m.claims, func(o memoryClaim) bool { return o.owner == owner })
+	m.apply(s)
+}
+
+// apply sets the store's settings to the latest claim's, with m locked.
+func (m *memorySettings) apply(s *limiter.MemoryStore) {
+	if len(m.claims) == 0 {
+		return
+	}
+	c := m.claims[len(m.claims)-1]
+	s.SetMaxKeys(c.maxKeys)
+	s.SetSweepInterval(c.sweep)
+}
 
 // Destruct closes the store when its last user is gone.
 func (s memoryStore) Destruct() error { return s.Close() }
@@ -66,28 +116,36 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 const DefaultMaxKeys = 500_000
 
 // loadMemoryStore returns this process's memory store, shared by every
-// handler and configuration (release it with stores.Delete(memoryPoolKey)),
-// and sets its key limit and sweep interval to this handler's: the
-// configuration loaded last sets them.
+// handler and configuration (release it with stores.Delete(memoryPoolKey)
+// and releaseMemorySettings), and sets its key limit and sweep interval to
+// this handler's: the configuration provisioned last, and not cleaned up,
+// sets them.
 func (h *Handler) loadMemoryStore() (*limiter.MemoryStore, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return memoryStore{limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: time.Minute})}, nil
+		return memoryStore{limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: time.Minute}), &memorySettings{}}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	s := v.(memoryStore).MemoryStore
-	maxKeys := h.MaxKeys
-	if maxKeys == 0 {
-		maxKeys = DefaultMaxKeys
+	ms := v.(memoryStore)
+	c := memoryClaim{owner: h, maxKeys: h.MaxKeys, sweep: time.Duration(h.SweepInterval)}
+	if c.maxKeys == 0 {
+		c.maxKeys = DefaultMaxKeys
 	}
-	s.SetMaxKeys(maxKeys)
-	sweep := time.Duration(h.SweepInterval)
-	if sweep == 0 {
-		sweep = time.Minute
+	if c.sweep == 0 {
+		c.sweep = time.Minute
 	}
-	s.SetSweepInterval(sweep)
-	return s, nil
+	ms.settings.claim(ms.MemoryStore, c)
+	h.memory = &ms
+	return ms.MemoryStore, nil
+}
+
+// releaseMemorySettings withdraws this handler's settings of the memory
+// store, if it used it.
+func (h *Handler) releaseMemorySettings() {
+	if h.memory != nil {
+		h.memory.settings.release(h.memory.MemoryStore, h)
+	}
 }
 
 // storeName names the handler's store in metric labels and the admin API:

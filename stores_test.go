@@ -72,3 +72,30 @@ func TestSweepIntervalAndMaxKeysReachTheStore(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestFailedLoadKeepsMemorySettings: a configuration provisioned and then
+// cleaned up because its load failed (Caddy cleans up the modules of a
+// load that fails) leaves the memory store's max_keys and sweep interval
+// to the configuration still running.
+func TestFailedLoadKeepsMemorySettings(t *testing.T) {
+	provision := func(maxKeys int) *Handler {
+		h := &Handler{MaxKeys: maxKeys, Zones: []*Zone{{Name: "settings_test", Rate: 10, Per: caddy.Duration(time.Second)}}}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	running := provision(6400)
+	defer running.Cleanup()
+	store := running.limiter.Store().(*limiter.MemoryStore)
+	failed := provision(4096)
+	if store.MaxKeys() != 4096 {
+		t.Fatalf("while the new configuration loads: MaxKeys %d, want its 4096", store.MaxKeys())
+	}
+	failed.Cleanup() // its load failed
+	if store.MaxKeys() != 6400 {
+		t.Fatalf("after a failed load: MaxKeys %d, want the running configuration's 6400", store.MaxKeys())
+	}
+}

@@ -101,6 +101,24 @@ type RedisOptions struct {
 }
 
 // addrs returns every address of the options.
+// maxKeyPrefix is the longest key prefix: it starts every key.
+const maxKeyPrefix = 64
+
+// CheckKeyPrefix reports a key prefix that would break keys: longer than
+// 64 bytes, or with a brace (a Cluster hash tag in the prefix would put
+// every bucket in one slot), a space or a control byte.
+func CheckKeyPrefix(p string) error {
+	if len(p) > maxKeyPrefix {
+		return fmt.Errorf("key_prefix must be at most %d bytes, got %d", maxKeyPrefix, len(p))
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c == '{' || c == '}' || c <= ' ' || c == 0x7f {
+			return fmt.Errorf("key_prefix must not hold braces, spaces or control characters, got %q", p)
+		}
+	}
+	return nil
+}
+
 func (o *RedisOptions) addrs() []string {
 	var all []string
 	if o.Address != "" {
@@ -211,6 +229,9 @@ func (o *RedisOptions) check() (cluster bool, err error) {
 		return false, errors.New("redis address is required")
 	case o.Protocol != 0 && o.Protocol != 2 && o.Protocol != 3:
 		return false, fmt.Errorf("redis protocol must be 2 or 3, not %d", o.Protocol)
+	}
+	if err := CheckKeyPrefix(o.KeyPrefix); err != nil {
+		return false, err
 	}
 	cluster = o.SentinelMaster == "" && (o.Cluster || len(addrs) > 1)
 	if cluster && o.DB != 0 {
