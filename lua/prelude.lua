@@ -1,7 +1,8 @@
 -- prelude.lua: what every algorithm shares. lua.go assembles the scripts:
--- this prelude, the helpers of every algorithm file, then decide.lua or
--- refund.lua with each algorithm's check, commit and refund sections
--- inlined into one if/elseif chain on the zone's algorithm. Inlining keeps
+-- the wire format's locals (lua/wire.go), this prelude, the helpers of
+-- every algorithm file, then decide.lua or refund.lua with each
+-- algorithm's check, commit and refund sections inlined into one
+-- if/elseif chain on the zone's algorithm. Inlining keeps
 -- the work each call does to the request itself: a script's body runs in
 -- full on every EVALSHA, so functions and tables built at its top level
 -- would be built again for every decision.
