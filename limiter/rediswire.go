@@ -89,7 +89,9 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 			zones = append(zones, ri+1, ki)
 		}
 	}
-	args := make([]any, 0, 6+len(keys)+lua.RuleArgs*len(rules)+len(g.calls)+(1+lua.KindArgs)*len(zones))
+	// zones holds two numbers per zone; a zone takes one argument and
+	// mostly a kind of its own.
+	args := make([]any, 0, 6+len(keys)+lua.RuleArgs*len(rules)+len(g.calls)+(1+lua.KindArgs)*len(zones)/2)
 	args = append(args, "evalsha", g.script.Hash(), len(keys))
 	for _, k := range keys {
 		args = append(args, k)

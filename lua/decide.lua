@@ -11,7 +11,7 @@
 -- the request (and is not charged).
 --
 -- The arguments and the reply, position by position, are declared in
--- lua/wire.go (which writes them as the locals at the top of the script):
+-- lua/wire.go (which lists them at the top of the assembled script):
 -- ARGV[ARG_CLOCK] "0": the clock is Redis TIME; otherwise a fixed time
 --                  in microseconds, for tests only
 -- ARGV[ARG_RULES]  the number of rules, then RULE_ARGS arguments per rule:

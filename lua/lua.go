@@ -13,9 +13,9 @@
 // and refund.lua say where the sections go with "--@dispatch <section>":
 // each algorithm's section is inlined there in one if/elseif chain on the
 // zone's algorithm id. Nothing but the request's own work runs per call. A "--@unzone" line
-// is replaced by zone.lua, the decoding of a zone's argument. Each script
-// starts with the wire format's positions and values as locals (see
-// wire.go): the .lua files name them, never their numbers.
+// is replaced by zone.lua, the decoding of a zone's argument. The .lua
+// files name the wire format's positions and values, never their numbers;
+// the assembled scripts hold the numbers (see wire.go).
 package lua
 
 import (
@@ -87,11 +87,11 @@ func sections(file string) map[string]string {
 	return out
 }
 
-// assemble returns a script: the wire format's locals, the prelude, the
-// algorithms' helpers, then main with its directives expanded.
+// assemble returns a script: the wire format's header, the prelude, the
+// algorithms' helpers, then main with its directives expanded, the wire
+// format's names bound to their values.
 func assemble(main string) string {
 	var b strings.Builder
-	b.WriteString(locals())
 	b.WriteString(prelude)
 	parsed := make([]map[string]string, len(algorithms))
 	for i, a := range algorithms {
@@ -117,7 +117,7 @@ func assemble(main string) string {
 		}
 		b.WriteString("end\n")
 	}
-	return b.String()
+	return header() + bind(b.String())
 }
 
 // Decide decides one request against all its zones atomically, whatever

@@ -15,7 +15,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden scripts in testdata")
 
 // TestScriptsGolden pins the assembled scripts' text, the wire format's
-// locals at their top included (as go-redis/redis_rate's lua_test.go pins
+// header at their top included (as go-redis/redis_rate's lua_test.go pins
 // its scripts). After a deliberate change, go test ./lua -update rewrites
 // testdata; the diff is the change's review.
 func TestScriptsGolden(t *testing.T) {
@@ -81,18 +81,37 @@ func TestNamesNotNumbers(t *testing.T) {
 	}
 }
 
-// TestNamesUsed: every name wire.go writes into the scripts is used by
-// one, and names are unique.
+// TestNamesUsed: every name of the wire format is used by a .lua file,
+// names are unique, and none is left in the code of an assembled script.
 func TestNamesUsed(t *testing.T) {
+	files, err := filepath.Glob("*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var src strings.Builder
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
 	seen := map[string]bool{}
-	body := strings.TrimPrefix(Decide, locals()) + strings.TrimPrefix(Refund, locals())
 	for _, n := range names {
 		if seen[n.name] {
-			t.Errorf("%s is written twice", n.name)
+			t.Errorf("%s is declared twice", n.name)
 		}
 		seen[n.name] = true
-		if !regexp.MustCompile(`\b` + n.name + `\b`).MatchString(body) {
-			t.Errorf("%s is written into the scripts but never used", n.name)
+		if !regexp.MustCompile(`\b` + n.name + `\b`).MatchString(src.String()) {
+			t.Errorf("%s is declared but no .lua file uses it", n.name)
+		}
+	}
+	for name, script := range map[string]string{"decide": Decide, "refund": Refund} {
+		for i, line := range strings.Split(script, "\n") {
+			code, _, _ := strings.Cut(line, "--")
+			if m := nameRE.FindString(code); m != "" {
+				t.Errorf("%s, line %d: %s left unbound: %s", name, i+1, m, line)
+			}
 		}
 	}
 }
@@ -118,7 +137,7 @@ func TestPackZone(t *testing.T) {
 	}
 
 	const keys = 5
-	args := []string{"EVAL", locals() + "local nkeys = tonumber(ARGV[1])\nlocal out = {}\n" +
+	args := []string{"EVAL", "local nkeys = tonumber(ARGV[1])\nlocal out = {}\n" +
 		"for a = 2, #ARGV do\nlocal z = tonumber(ARGV[a])\nlocal ki, k, last\n" + unzone +
 		"out[#out + 1] = ki .. ',' .. k .. ',' .. last\nend\nreturn out\n", "0", strconv.Itoa(keys)}
 	var want []string

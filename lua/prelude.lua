@@ -1,5 +1,5 @@
 -- prelude.lua: what every algorithm shares. lua.go assembles the scripts:
--- the wire format's locals (lua/wire.go), this prelude, the helpers of
+-- the wire format's header (lua/wire.go), this prelude, the helpers of
 -- every algorithm file, then decide.lua or refund.lua with each
 -- algorithm's check, commit and refund sections inlined into one
 -- if/elseif chain on the zone's algorithm. Inlining keeps

@@ -2,14 +2,16 @@ package lua
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
 // The decide and refund scripts' wire format, declared once: the limiter
 // builds a call's ARGV and reads its reply by these positions and values,
-// and the assembled scripts read them as the locals that locals() writes
-// at their top (ARG_CLOCK, R_FLAGS, …). Positions count from 1, as Lua's
-// tables do.
+// and the .lua files name them (ARG_CLOCK, R_FLAGS, …; see names). lua.go
+// writes their values in place of the names (bind), under a header that
+// lists them. Positions count from 1, as Lua's tables do.
 //
 // ARGV holds, in order: the clock and the number of rules (ArgClock,
 // ArgRules); RuleArgs arguments per rule; one argument per zone of each
@@ -128,8 +130,7 @@ const (
 	FlagBanStarted = 4 // added: this denial started a ban
 )
 
-// names are the Lua names of the wire format's constants, as locals()
-// writes them.
+// names are the Lua names of the wire format's constants.
 var names = []struct {
 	name  string
 	value int
@@ -165,13 +166,48 @@ var names = []struct {
 	{"BAN_STARTED", FlagBanStarted},
 }
 
-// locals returns the wire format's constants as the Lua locals that start
-// each assembled script.
-func locals() string {
+// header returns the comment that starts each assembled script: the wire
+// format's names and values.
+func header() string {
 	var b strings.Builder
-	b.WriteString("-- The wire format's positions and values (lua/wire.go).\n")
+	b.WriteString("-- The wire format (lua/wire.go): the .lua files' names, written below as\n-- their values.\n")
 	for _, n := range names {
-		fmt.Fprintf(&b, "local %s = %d\n", n.name, n.value)
+		fmt.Fprintf(&b, "--   %s = %d\n", n.name, n.value)
 	}
 	return b.String()
+}
+
+// nameRE matches the wire format's names as whole words.
+var nameRE = func() *regexp.Regexp {
+	alt := make([]string, len(names))
+	for i, n := range names {
+		alt[i] = n.name
+	}
+	return regexp.MustCompile(`\b(` + strings.Join(alt, "|") + `)\b`)
+}()
+
+// bind writes the values of the wire format's names in place of the names
+// in the code of a script (comments keep the names). Names as Lua locals
+// would cost every call: the script's body runs in full on each EVALSHA,
+// and each function it defines captures the locals it uses as upvalues
+// anew.
+func bind(script string) string {
+	value := make(map[string]string, len(names))
+	for _, n := range names {
+		v := strconv.Itoa(n.value)
+		if n.value < 0 {
+			v = "(" + v + ")"
+		}
+		value[n.name] = v
+	}
+	lines := strings.SplitAfter(script, "\n")
+	for i, line := range lines {
+		code, comment, found := strings.Cut(line, "--")
+		code = nameRE.ReplaceAllStringFunc(code, func(name string) string { return value[name] })
+		if found {
+			code += "--" + comment
+		}
+		lines[i] = code
+	}
+	return strings.Join(lines, "")
 }
