@@ -334,6 +334,14 @@ func (s *RedisStore) warm(timeout time.Duration) {
 // Client returns the underlying go-redis client.
 func (s *RedisStore) Client() redis.UniversalClient { return s.client }
 
+// KeyPrefix returns the prefix of every key the store writes
+// (RedisOptions.KeyPrefix).
+func (s *RedisStore) KeyPrefix() string { return s.prefix }
+
+// Clock returns this node's clock as the store reads it: RedisOptions.Clock,
+// or the node's default clock (see Clock). Buckets never read it.
+func (s *RedisStore) Clock() Clock { return clockOr(s.clock) }
+
 // Key returns the Redis key of a zone's bucket for a client key: the prefix,
 // the zone, and the client key inside a Cluster hash tag, so that all of a
 // client's buckets in one zone share a slot. ClientKey guarantees the client

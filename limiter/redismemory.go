@@ -323,6 +323,11 @@ func IsAuth(err error) bool {
 // called and the user may not run.
 const scriptNoPerm = "The user executing the script can't run this command"
 
+// RefusedCommand returns the command that a NOPERM error, wrapped or not,
+// names, and whether err is one; "" for a command refused inside a script,
+// which Redis does not name.
+func RefusedCommand(err error) (string, bool) { return noPermCommand(err) }
+
 // noPermCommand returns the command named by a NOPERM error ("NOPERM this
 // user has no permissions to run the 'info' command"), wrapped or not, and
 // whether err is one. For a command refused inside a script, which Redis

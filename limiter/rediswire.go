@@ -1,14 +1,15 @@
 package limiter
 
-// The decide script's wire format: what a script call sends (its KEYS, the
-// clock, the rules, and per call its zones) and how its reply reads. Both
-// must mirror lua/decide.lua (and lua/refund.lua, which takes the same
-// arguments): a change on one side is a change on the other.
+// The decide script's wire format, the Go side: what a script call sends
+// (its KEYS, the clock, the rules, and per call its zones) and how its
+// reply reads. Every position and value is package lua's (lua/wire.go),
+// which the scripts read too; rediswire_test.go pins the format.
 
 import (
 	"fmt"
 	"slices"
 
+	"github.com/fleetlimit/caddy-fleetlimit/lua"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -61,11 +62,11 @@ func zoneAux(q *Request, done []Result, i int) any {
 
 // scriptArgs returns a script call's command: EVALSHA, the distinct
 // buckets of all its calls, the clock ("0": Redis TIME), the rules they use
-// (each once, ruleArgs arguments each), then per call one argument per
+// (each once, lua.RuleArgs arguments each), then per call one argument per
 // zone (its bucket, its kind and whether it ends the call, in one number;
-// -1 for a call of no zones), then the zone kinds (its rule's index, from
-// 1, a cost and an aux, which the zones of a batch mostly share) and their
-// number. See decide.lua.
+// lua.NoZones for a call of no zones), then the zone kinds (its rule's
+// index, from 1, a cost and an aux, which the zones of a batch mostly
+// share) and their number. See lua/wire.go.
 func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	if p.buckets == nil {
 		p.buckets = make(map[string]int)
@@ -88,12 +89,16 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 			zones = append(zones, ri+1, ki)
 		}
 	}
-	args := make([]any, 0, 6+len(keys)+ruleArgs*len(rules)+len(g.calls)+2*len(zones))
+	// zones holds two numbers per zone; a zone takes one argument and
+	// mostly a kind of its own.
+	args := make([]any, 0, 6+len(keys)+lua.RuleArgs*len(rules)+len(g.calls)+(1+lua.KindArgs)*len(zones)/2)
 	args = append(args, "evalsha", g.script.Hash(), len(keys))
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	args = append(args, clock, len(rules))
+	argv := len(args) - 1 // args[argv+i] is ARGV[i]
+	args = append(args, make([]any, lua.ArgRules)...)
+	args[argv+lua.ArgClock], args[argv+lua.ArgRules] = clock, len(rules)
 	for _, r := range rules {
 		args = append(args, r.scriptArgs()...)
 	}
@@ -101,7 +106,7 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	next := zones
 	for _, c := range g.calls {
 		if len(c.keys) == 0 {
-			args = append(args, -1)
+			args = append(args, lua.NoZones)
 			continue
 		}
 		for z, cost := range c.costs {
@@ -111,16 +116,14 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 				kinds = append(kinds, kind)
 				k = len(kinds) - 1
 			}
-			last := 0
-			if z == len(c.costs)-1 {
-				last = 1
-			}
-			args = append(args, (k*len(keys)+next[1]-1)*2+last)
+			args = append(args, lua.PackZone(k+1, next[1], len(keys), z == len(c.costs)-1))
 			next = next[2:]
 		}
 	}
 	for _, k := range kinds {
-		args = append(args, k.rule, k.cost, k.aux)
+		b := len(args) - 1 // args[b+i] is the kind's i-th argument
+		args = append(args, make([]any, lua.KindArgs)...)
+		args[b+lua.KindRule], args[b+lua.KindCost], args[b+lua.KindAux] = k.rule, k.cost, k.aux
 	}
 	args = append(args, len(kinds))
 	clear(rules)
@@ -154,10 +157,9 @@ func kindIndex(kinds []zoneKind, kind zoneKind) int {
 	return -1
 }
 
-// replyLen is how many values of the decide script's flat reply belong to
-// a request of zones zones: the time, negative if the request was denied
-// (or the request's error), then four per zone.
-func replyLen(zones int) int { return 1 + 4*zones }
+// replyLen is how many values of the decide script's reply belong to a
+// request of zones zones (see lua.ReplyLen).
+func replyLen(zones int) int { return lua.ReplyLen(zones) }
 
 // decodeReply turns the script's reply into results, through the same
 // Rule.result as the memory store.
@@ -168,7 +170,7 @@ func decodeReply(reply []any, reqs []Request, results []Result) (bool, error) {
 // decodeReplyAs is decodeReply; with charged false it reports every zone as
 // not charged (the request was refunded).
 func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) (bool, error) {
-	if len(reply) != replyLen(len(reqs)) {
+	if len(reply) != lua.ReplyLen(len(reqs)) {
 		return false, fmt.Errorf("redis: unexpected script reply of %d values for %d zones", len(reply), len(reqs))
 	}
 	at, _ := reply[0].(int64)
@@ -176,12 +178,12 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 	if !admit {
 		at = -at
 	}
-	var vals [4]int64
+	var vals zoneReply
 	for i := range reqs {
-		for j := range 4 {
-			n, ok := reply[1+4*i+j].(int64)
+		for j := range vals {
+			n, ok := reply[i*lua.ReplyZone+1+j].(int64)
 			if !ok {
-				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[1+4*i+j])
+				return false, fmt.Errorf("redis: unexpected script reply value %T", reply[i*lua.ReplyZone+1+j])
 			}
 			vals[j] = n
 		}
@@ -192,4 +194,76 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 		results[i].spares = v.spares // what the store took, even if refunded
 	}
 	return admit, nil
+}
+
+// zoneReply is a zone's values in the decide script's reply, at
+// lua.ReplyFlag-1 to lua.ReplyR3-1.
+type zoneReply [lua.ReplyZone]int64
+
+// scriptArgs returns the rule's algorithm, four parameters, flags, ban and
+// prefetch as the Redis scripts take them (lua.RuleAlg …), boxed once (a
+// request adds its cost and aux).
+func (r *Rule) scriptArgs() []any {
+	r.argsOnce.Do(func() {
+		p := r.scriptParams()
+		var flags int64
+		if r.dryRun {
+			flags |= lua.RuleDryRun
+		}
+		a := make([]any, lua.RuleArgs+1) // a[i] is the rule's i-th argument
+		a[lua.RuleAlg] = int64(r.alg)
+		a[lua.RuleP1], a[lua.RuleP2], a[lua.RuleP3], a[lua.RuleP4] = p[0], p[1], p[2], p[3]
+		a[lua.RuleFlags] = flags
+		a[lua.RuleBan], a[lua.RuleBanDenials], a[lua.RuleBanWindow] = r.banUS, r.banAfter, r.banWindowUS
+		a[lua.RulePrefetch] = r.prefetch
+		r.args = a[1:]
+	})
+	return r.args
+}
+
+// scriptParams returns the rule's four parameters for the Redis scripts.
+func (r *Rule) scriptParams() [4]int64 {
+	switch r.alg {
+	case FixedWindow, SlidingWindow, SlidingLog:
+		return [4]int64{r.windowUS, r.rate, 0, 0}
+	case LeakyBucket:
+		return [4]int64{r.denom, r.interval, r.burst, r.maxDelayUS}
+	case Concurrency:
+		return [4]int64{r.rate, r.leaseUS, 0, 0}
+	}
+	return [4]int64{r.denom, r.interval, r.burst, 0}
+}
+
+// fromReply rebuilds a verdict from a zone's values in the script's reply:
+// its flag (lua.FlagAdmit …, plus lua.FlagBanStarted when the denial
+// started a ban) and three that depend on the algorithm (banned: the ban's
+// microseconds left and its denials). res is the reserve the request had
+// to leave.
+func (r *Rule) fromReply(z zoneReply, res int64) verdict {
+	flag, r1, r2, r3 := z[lua.ReplyFlag-1], z[lua.ReplyR1-1], z[lua.ReplyR2-1], z[lua.ReplyR3-1]
+	started := flag >= lua.FlagBanStarted
+	if started {
+		flag -= lua.FlagBanStarted
+	}
+	v := verdict{ok: flag == lua.FlagAdmit, never: flag == lua.FlagNever, banStarted: started, res: res}
+	if flag == lua.FlagBanned {
+		v.banned, v.banLeft, v.banDenials = true, r1, r2
+		return v
+	}
+	switch r.alg {
+	case FixedWindow:
+		v.curr, v.elapsed, v.spares = r1, r2, r3
+	case SlidingWindow:
+		v.prev, v.curr, v.elapsed = r1, r2, r3
+	case SlidingLog:
+		v.used, v.retry, v.reset = r1, r2, r3
+	case Concurrency:
+		v.slots = r1
+	default:
+		v.debt, v.after = r1, r2
+		if r.alg == TokenBucket {
+			v.spares = r3
+		}
+	}
+	return v
 }

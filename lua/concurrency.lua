@@ -13,7 +13,7 @@
 --@check
 call('ZREMRANGEBYSCORE', key, '-inf', now)
 r1 = call('ZCARD', key)
-if cost > p1 then flag = 2 elseif r1 + cost <= p1 then flag = 1 else flag = 0 end
+if cost > p1 then flag = NEVER elseif r1 + cost <= p1 then flag = ADMIT else flag = DENY end
 
 --@commit
 call('ZADD', key, now + p2, aux)

@@ -10,27 +10,28 @@
 -- like the others when it admits, but what it would deny does not deny
 -- the request (and is not charged).
 --
--- ARGV[1]          "0": the clock is Redis TIME; otherwise a fixed time in
---                  microseconds, for tests only
--- ARGV[2]          the number of rules, then ten arguments per rule: its
---                  algorithm (0 token bucket, 1 sliding window, 2 fixed
---                  window, 3 sliding log, 4 leaky bucket, 5 concurrency),
---                  four parameters p1..p4, its flags (1: dry run), its
---                  ban: duration (us, 0 for none), denials, window (us),
---                  and its prefetch: the most tokens an admitted request
---                  may take (its cost and spares; token bucket and fixed
---                  window, 0 for none)
--- then per request one argument per zone, in order: the zone's bucket (ki,
---                  its index in KEYS), kind (k, see below) and whether it
---                  is the request's last zone (last, 1 or 0), as one
---                  number ((k - 1) * #KEYS + ki - 1) * 2 + last (see unzone
---                  in prelude.lua); a request of no zones is one argument,
---                  -1
--- then             three arguments per zone kind: the index of its rule
---                  (from 1), its cost, and aux: the reserve the request
---                  must leave (the rate algorithms, in the algorithm's
---                  units) or the slot's id (concurrency). Zones that share
---                  all three may share a kind.
+-- The arguments and the reply, position by position, are declared in
+-- lua/wire.go (which lists them at the top of the assembled script):
+-- ARGV[ARG_CLOCK] "0": the clock is Redis TIME; otherwise a fixed time
+--                  in microseconds, for tests only
+-- ARGV[ARG_RULES]  the number of rules, then RULE_ARGS arguments per rule:
+--                  its algorithm (R_ALG), four parameters p1..p4 (R_P1 ..
+--                  R_P4), its flags (R_FLAGS: F_DRY_RUN), its ban
+--                  (R_BAN: duration in us, 0 for none; R_BAN_DENIALS;
+--                  R_BAN_WINDOW in us), and its prefetch (R_PREFETCH: the
+--                  most tokens an admitted request may take, its cost and
+--                  spares; token bucket and fixed window, 0 for none)
+-- then per request one argument per zone, in order: the zone's bucket
+--                  (ki, its index in KEYS), kind (k, see below) and
+--                  whether it is the request's last zone, as one number
+--                  (see zone.lua); a request of no zones is one argument,
+--                  NO_ZONES
+-- then             KIND_ARGS arguments per zone kind: the index of its
+--                  rule (K_RULE, from 1), its cost (K_COST), and aux
+--                  (K_AUX): the reserve the request must leave (the rate
+--                  algorithms, in the algorithm's units) or the slot's id
+--                  (concurrency). Zones that share all three may share a
+--                  kind.
 -- ARGV[#ARGV]      the number of zone kinds
 -- KEYS             the buckets of the batch, each once. A zone with a ban
 --                  also uses <bucket>!ban ("end:start:denials") and
@@ -38,13 +39,14 @@
 --                  slot (the hash tag is the bucket's).
 --
 -- Returns, request after request, {the time (us) if the request is
--- admitted, minus the time if it is denied, then four numbers per zone:
--- flag and three the zone's algorithm reports (r1..r3)}, all in one flat
--- array. The flag is 1 admits, 0 denies, 2 never can, 3 banned (r1 the
--- microseconds the ban has left, r2 its denials), plus 4 when this denial
--- started a ban. A request whose commands fail (a key of the wrong type,
--- say) gets its error in place of the time, then zeros;
--- the requests around it are decided as usual.
+-- admitted, minus the time if it is denied, then ZONE_REPLY numbers per
+-- zone: its flag (Z_FLAG) and three the zone's algorithm reports (Z_R1 ..
+-- Z_R3)}, all in one flat array. The flag is ADMIT, DENY, NEVER (no wait
+-- makes the request admissible) or BANNED (r1 the microseconds the ban has
+-- left, r2 its denials), plus BAN_STARTED when this denial started a ban.
+-- A request whose commands fail (a key of the wrong type, say) gets its
+-- error in place of the time, then zeros; the requests around it are
+-- decided as usual.
 
 local reply = {}
 local zbucket, zkind = {}, {} -- the current request's zones: ki and kind
@@ -62,13 +64,13 @@ end
 
 -- denied counts a denial of the bucket at key under rule, and starts its
 -- ban (only reports it, in a dry run) when it is the rule's n-th within
--- its window. It returns 4 when a ban started, else 0. The count is kept
--- as "denials:end" (the end of its window, in the script's time): the
--- key's TTL only collects it, so that the window is counted on the same
--- clock as everything else (and as limiter/membans.go counts it).
+-- its window. It returns BAN_STARTED when a ban started, else 0. The
+-- count is kept as "denials:end" (the end of its window, in the script's
+-- time): the key's TTL only collects it, so that the window is counted on
+-- the same clock as everything else (and as limiter/membans.go counts it).
 local function denied(key, rule)
   local dk = key .. '!den'
-  local n, e = 0, now + rule[9]
+  local n, e = 0, now + rule[R_BAN_WINDOW]
   local d = call('GET', dk)
   if d then
     local dn, de = match(d, '^(%d+):(%d+)$')
@@ -76,15 +78,15 @@ local function denied(key, rule)
     if dn and de and de > now then n, e = dn, de end
   end
   n = n + 1
-  if n < rule[8] then
+  if n < rule[R_BAN_DENIALS] then
     call('SET', dk, format('%d:%d', n, e), 'PX', digits(ceil_div(e - now, 1000)))
     return 0
   end
   call('DEL', dk)
-  if rule[6] % 2 == 0 then
-    call('SET', key .. '!ban', format('%d:%d:%d', now + rule[7], now, n), 'PX', digits(ceil_div(rule[7], 1000)))
+  if rule[R_FLAGS] % (2 * F_DRY_RUN) < F_DRY_RUN then -- not a dry run
+    call('SET', key .. '!ban', format('%d:%d:%d', now + rule[R_BAN], now, n), 'PX', digits(ceil_div(rule[R_BAN], 1000)))
   end
-  return 4
+  return BAN_STARTED
 end
 
 -- one decides the request of n zones (their buckets and kinds in
@@ -95,24 +97,24 @@ local function one(n, o)
   for i = 0, n - 1 do
     local ki, k = zbucket[i], zkind[i]
     local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
-    local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
+    local alg, p1, p2, p3, p4 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3], rule[R_P4]
     local key = KEYS[ki]
-    local flag, r1, r2, r3 = 0, 0, 0, 0
+    local flag, r1, r2, r3 = DENY, 0, 0, 0
     local left, bn
-    if rule[7] > 0 then left, bn = banned(key) end
+    if rule[R_BAN] > 0 then left, bn = banned(key) end
     if left then
-      flag, r1, r2 = 3, left, bn
+      flag, r1, r2 = BANNED, left, bn
     else
       --@dispatch check
-      if flag ~= 1 and rule[7] > 0 then flag = flag + denied(key, rule) end
+      if flag ~= ADMIT and rule[R_BAN] > 0 then flag = flag + denied(key, rule) end
     end
-    if flag ~= 1 and rule[6] % 2 == 0 then reply[o] = -now end
-    local c = o + 1 + i * 4
-    reply[c], reply[c + 1], reply[c + 2], reply[c + 3] = flag, r1, r2, r3
+    if flag ~= ADMIT and rule[R_FLAGS] % (2 * F_DRY_RUN) < F_DRY_RUN then reply[o] = -now end
+    local c = o + i * ZONE_REPLY -- zone i's values are reply[c + Z_FLAG] ..
+    reply[c + Z_FLAG], reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3] = flag, r1, r2, r3
     if n == 1 then
       -- A request of one zone (most are) is charged here, with what the
       -- check left at hand: the loop below would look it all up again.
-      if flag == 1 and cost > 0 then
+      if flag == ADMIT and cost > 0 then
         --@dispatch commit
       end
       return
@@ -122,12 +124,12 @@ local function one(n, o)
   for i = 0, n - 1 do
     local ki, k = zbucket[i], zkind[i]
     local cost = kcost[k]
-    local c = o + 1 + i * 4
-    if cost > 0 and reply[c] == 1 then
+    local c = o + i * ZONE_REPLY
+    if cost > 0 and reply[c + Z_FLAG] == ADMIT then
       local rule, aux, auxn = krule[k], kaux[k], kauxn[k]
-      local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
+      local alg, p1, p2, p3, p4 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3], rule[R_P4]
       local key = KEYS[ki]
-      local r1, r2, r3 = reply[c + 1], reply[c + 2], reply[c + 3]
+      local r1, r2, r3 = reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3]
       --@dispatch commit
     end
   end
@@ -136,14 +138,13 @@ end
 local a, o = zones, 1
 while a <= zones_end do
   local n, z = 0, tonumber(ARGV[a])
-  if z < 0 then -- a request of no zones
+  if z == NO_ZONES then
     a = a + 1
   else
-    repeat -- unzone, inlined: this loop runs once per zone of the batch
-      local last = z % 2
-      z = (z - last) / 2
-      local ki = z % nkeys
-      zbucket[n], zkind[n] = ki + 1, (z - ki) / nkeys + 1
+    repeat
+      local ki, k, last
+      --@unzone
+      zbucket[n], zkind[n] = ki, k
       n = n + 1
       if last == 1 then break end
       z = tonumber(ARGV[a + n])
@@ -154,9 +155,9 @@ while a <= zones_end do
   if not ok then
     if type(err) ~= 'table' then err = {err = tostring(err)} end
     reply[o] = err
-    for j = o + 1, o + 4 * n do reply[j] = 0 end
+    for j = o + 1, o + ZONE_REPLY * n do reply[j] = 0 end
   end
-  o = o + 1 + 4 * n
+  o = o + 1 + ZONE_REPLY * n -- the time, then the zones
 end
 flush()
 return reply

@@ -40,14 +40,14 @@ end
 local _
 local res = auxn -- the requests the request must leave
 _, r1, r2 = win_unpack(ki, p1)
-if cost + res > p2 then flag = 2 elseif r1 + cost + res <= p2 then flag = 1 else flag = 0 end
+if cost + res > p2 then flag = NEVER elseif r1 + cost + res <= p2 then flag = ADMIT else flag = DENY end
 
 --@commit
 -- Prefetch: as the token bucket's (token_bucket.lua), reported as r3.
 local sp = 0
-if rule[10] > cost then
-  sp = max(0, min(rule[10] - cost, floor((p2 - r1 - cost - auxn) / 4)))
-  reply[c + 3] = sp
+if rule[R_PREFETCH] > cost then
+  sp = max(0, min(rule[R_PREFETCH] - cost, floor((p2 - r1 - cost - auxn) / 4)))
+  reply[c + Z_R3] = sp
 end
 win_write(ki, floor(now / p1), 0, r1 + cost + sp, p1 - r2)
 

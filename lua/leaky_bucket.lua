@@ -11,10 +11,10 @@
 local cap, res = p3 * p2, auxn
 r1 = tb_debt(ki, p1, cap)
 if cost > p3 or cost * p2 + res > cap then
-  flag, r2 = 2, r1
+  flag, r2 = NEVER, r1
 else
   r2 = r1 + cost * p2
-  if r2 + res <= cap and ceil_div(r1, p1) <= p4 then flag = 1 else flag = 0 end
+  if r2 + res <= cap and ceil_div(r1, p1) <= p4 then flag = ADMIT else flag = DENY end
 end
 
 --@commit

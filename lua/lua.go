@@ -6,12 +6,16 @@
 // "--@helpers" (local functions, placed once after the prelude), "--@check"
 // (decides one zone: reads key, the bucket's name, and ki, its index in
 // KEYS for the prelude's get and put, p1..p4, cost, aux (as sent), auxn
-// (aux as a number, 0 if it is none) and now; sets flag, r1, r2, r3),
-// "--@commit" (charges an admitted request: reads the same and r1..r3)
-// and "--@refund" (gives a charge back). decide.lua and refund.lua say
-// where the sections go with "--@dispatch <section>": each algorithm's
-// section is inlined there in one if/elseif chain on the zone's algorithm
-// id. Nothing but the request's own work runs per call.
+// (aux as a number, 0 if it is none), rule (the rule's arguments) and now;
+// sets flag, r1, r2, r3), "--@commit" (charges an admitted request: reads
+// the same and r1..r3, and may change what the reply reports from
+// reply[c + Z_FLAG] on) and "--@refund" (gives a charge back). decide.lua
+// and refund.lua say where the sections go with "--@dispatch <section>":
+// each algorithm's section is inlined there in one if/elseif chain on the
+// zone's algorithm id. Nothing but the request's own work runs per call. A "--@unzone" line
+// is replaced by zone.lua, the decoding of a zone's argument. The .lua
+// files name the wire format's positions and values, never their numbers;
+// the assembled scripts hold the numbers (see wire.go).
 package lua
 
 import (
@@ -39,6 +43,8 @@ var (
 	decide string
 	//go:embed refund.lua
 	refund string
+	//go:embed zone.lua
+	unzone string
 )
 
 // algorithms lists the algorithm files by id (the limiter's Algorithm
@@ -49,12 +55,12 @@ var algorithms = []struct {
 	id   int
 	file string
 }{
-	{0, tokenBucket},
-	{2, fixedWindow},
-	{1, slidingWindow},
-	{3, slidingLog},
-	{4, leakyBucket},
-	{5, concurrency},
+	{AlgTokenBucket, tokenBucket},
+	{AlgFixedWindow, fixedWindow},
+	{AlgSlidingWindow, slidingWindow},
+	{AlgSlidingLog, slidingLog},
+	{AlgLeakyBucket, leakyBucket},
+	{AlgConcurrency, concurrency},
 }
 
 // sections splits an algorithm file into its marked sections.
@@ -81,6 +87,9 @@ func sections(file string) map[string]string {
 	return out
 }
 
+// assemble returns a script: the wire format's header, the prelude, the
+// algorithms' helpers, then main with its directives expanded, the wire
+// format's names bound to their values.
 func assemble(main string) string {
 	var b strings.Builder
 	b.WriteString(prelude)
@@ -90,6 +99,10 @@ func assemble(main string) string {
 		b.WriteString(parsed[i]["helpers"])
 	}
 	for _, line := range strings.SplitAfter(main, "\n") {
+		if strings.TrimSpace(line) == "--@unzone" {
+			b.WriteString(unzone)
+			continue
+		}
 		section, ok := strings.CutPrefix(strings.TrimSpace(line), "--@dispatch ")
 		if !ok {
 			b.WriteString(line)
@@ -104,7 +117,7 @@ func assemble(main string) string {
 		}
 		b.WriteString("end\n")
 	}
-	return b.String()
+	return header() + bind(b.String())
 }
 
 // Decide decides one request against all its zones atomically, whatever

@@ -1,7 +1,8 @@
 -- prelude.lua: what every algorithm shares. lua.go assembles the scripts:
--- this prelude, the helpers of every algorithm file, then decide.lua or
--- refund.lua with each algorithm's check, commit and refund sections
--- inlined into one if/elseif chain on the zone's algorithm. Inlining keeps
+-- the wire format's header (lua/wire.go), this prelude, the helpers of
+-- every algorithm file, then decide.lua or refund.lua with each
+-- algorithm's check, commit and refund sections inlined into one
+-- if/elseif chain on the zone's algorithm. Inlining keeps
 -- the work each call does to the request itself: a script's body runs in
 -- full on every EVALSHA, so functions and tables built at its top level
 -- would be built again for every decision.
@@ -16,49 +17,39 @@ local format, sub, match = string.format, string.sub, string.match
 local KEYS, ARGV = KEYS, ARGV
 
 -- The clock: Redis TIME (always, in production), or a fixed time in
--- microseconds that tests pass as ARGV[1].
+-- microseconds that tests pass as ARGV[ARG_CLOCK].
 local now
-if ARGV[1] == '0' then
+if ARGV[ARG_CLOCK] == '0' then
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
-  now = tonumber(ARGV[1])
+  now = tonumber(ARGV[ARG_CLOCK])
 end
 
 -- The rules, zones and zone kinds, which decide.lua and refund.lua take
--- alike (see decide.lua): rules[i] holds rule i's ten arguments as
--- numbers; a kind k is a rule, a cost and an aux, which many zones of a
--- batch share (krule[k] the rule's table, kcost[k], kaux[k] the aux as sent
--- and kauxn[k] as a number, 0 if it is none), so that a zone's own argument
--- is one number, its bucket and kind (see unzone). The zones' arguments are
+-- alike (see decide.lua and lua/wire.go): rules[i] holds rule i's
+-- RULE_ARGS arguments as numbers, at their positions (rule[R_ALG] …); a
+-- kind k is a rule, a cost and an aux, which many zones of a batch share
+-- (krule[k] the rule's table, kcost[k], kaux[k] the aux as sent and
+-- kauxn[k] as a number, 0 if it is none), so that a zone's own argument is
+-- one number, its bucket and kind (see zone.lua). The zones' arguments are
 -- ARGV[zones] to ARGV[zones_end].
-local rules, nrules = {}, tonumber(ARGV[2])
+local rules, nrules = {}, tonumber(ARGV[ARG_RULES])
 for i = 1, nrules do
-  local b = 3 + (i - 1) * 10
-  rules[i] = {
-    tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]),
-    tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9]),
-  }
+  local b = ARG_RULES + (i - 1) * RULE_ARGS -- the argument before rule i's
+  local rule = {unpack(ARGV, b + 1, b + RULE_ARGS)}
+  for j = 1, RULE_ARGS do rule[j] = tonumber(rule[j]) end
+  rules[i] = rule
 end
 local nkinds = tonumber(ARGV[#ARGV])
-local zones, zones_end = 3 + 10 * nrules, #ARGV - 1 - 3 * nkinds
+local zones, zones_end = ARG_RULES + 1 + RULE_ARGS * nrules, #ARGV - 1 - KIND_ARGS * nkinds
 local krule, kcost, kaux, kauxn = {}, {}, {}, {}
 for k = 1, nkinds do
-  local b = zones_end + 3 * k - 2
-  local aux = ARGV[b + 2]
-  krule[k], kcost[k], kaux[k], kauxn[k] = rules[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), aux, tonumber(aux) or 0
+  local b = zones_end + (k - 1) * KIND_ARGS -- the argument before kind k's
+  local aux = ARGV[b + K_AUX]
+  krule[k], kcost[k], kaux[k], kauxn[k] = rules[tonumber(ARGV[b + K_RULE])], tonumber(ARGV[b + K_COST]), aux, tonumber(aux) or 0
 end
-
--- unzone decodes a zone's argument z = ((k - 1) * #KEYS + ki - 1) * 2 + last:
--- it returns ki, the index of its bucket in KEYS, k, its kind, and last,
--- 1 when it is its request's last zone (else 0).
-local nkeys = #KEYS
-local function unzone(z)
-  local last = z % 2
-  z = (z - last) / 2
-  local ki = z % nkeys
-  return ki + 1, (z - ki) / nkeys + 1, last
-end
+local nkeys = #KEYS -- for zone.lua
 
 local function ceil_div(a, b)
   return floor((a + b - 1) / b)

@@ -10,11 +10,12 @@
 local refunded = 0
 for a = zones, zones_end do
   local z = tonumber(ARGV[a])
-  if z >= 0 then -- -1: a request of no zones
-    local ki, k = unzone(z)
+  if z ~= NO_ZONES then
+    local ki, k, last
+    --@unzone
     local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
     if cost > 0 then
-      local alg, p1, p2, p3, p4 = rule[1], rule[2], rule[3], rule[4], rule[5]
+      local alg, p1, p2, p3, p4 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3], rule[R_P4]
       local key = KEYS[ki]
       --@dispatch refund
       refunded = refunded + 1

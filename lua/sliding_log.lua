@@ -20,11 +20,11 @@ for j = 1, #items, 2 do r1 = r1 + log_cost(items[j]) end
 if #items > 0 then r3 = tonumber(items[#items]) + p1 - now end
 local res = auxn
 if cost + res > p2 then
-  flag = 2
+  flag = NEVER
 elseif r1 + cost + res <= p2 then
-  flag = 1
+  flag = ADMIT
 else
-  flag = 0
+  flag = DENY
   local need, freed = r1 + cost + res - p2, 0
   for j = 1, #items, 2 do
     freed = freed + log_cost(items[j])

@@ -12,11 +12,11 @@
 local res = auxn
 r1, r2, r3 = win_unpack(ki, p1)
 if cost + res > p2 then
-  flag = 2
+  flag = NEVER
 else
   local wms = floor(p1 / 1000)
   local ems = floor(r3 / 1000)
-  if r1 * (wms - ems) + (r2 + cost + res) * wms <= p2 * wms then flag = 1 else flag = 0 end
+  if r1 * (wms - ems) + (r2 + cost + res) * wms <= p2 * wms then flag = ADMIT else flag = DENY end
 end
 
 --@commit

@@ -49,22 +49,22 @@ end
 local cap, res = p3 * p2, auxn
 r1 = tb_debt(ki, p1, cap)
 if cost > p3 or cost * p2 + res > cap then
-  flag, r2 = 2, r1
+  flag, r2 = NEVER, r1
 else
   r2 = r1 + cost * p2
-  if r2 + res <= cap then flag = 1 else flag = 0 end
+  if r2 + res <= cap then flag = ADMIT else flag = DENY end
 end
 
 --@commit
--- Prefetch (rule[10] tokens a call may take): spares beyond the cost, at
+-- Prefetch (rule[R_PREFETCH] tokens a call may take): spares beyond the cost, at
 -- most a quarter of what the bucket holds after it (and its reserve), so
 -- that a bucket with fewer than 4 tokens left gives none (see
 -- limiter/prefetch.go). Reported as r3, with r2 the debt after them.
-if rule[10] > cost then
-  local sp = min(rule[10] - cost, floor(floor((p3 * p2 - r2 - auxn) / p2) / 4))
+if rule[R_PREFETCH] > cost then
+  local sp = min(rule[R_PREFETCH] - cost, floor(floor((p3 * p2 - r2 - auxn) / p2) / 4))
   if sp > 0 then
     r2 = r2 + sp * p2
-    reply[c + 2], reply[c + 3] = r2, sp
+    reply[c + Z_R2], reply[c + Z_R3] = r2, sp
   end
 end
 tb_write(ki, p1, r2)

@@ -3,14 +3,12 @@ package observe
 import (
 	"context"
 	"time"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // Node clock drift: one goroutine per Redis store reads this node's clock
-// offset against Redis' TIME once a ClockInterval (limiter.ClockWatch), off
-// the request path, for the metric caddy_rate_limit_clock_offset_seconds
-// and the stats' stores[].clock. Buckets never read it: their time is Redis'.
+// offset against Redis' TIME once a ClockInterval (redisclock.go), off the
+// request path, for the metric caddy_rate_limit_clock_offset_seconds and
+// the stats' stores[].clock. Buckets never read it: their time is Redis'.
 
 // clockTimeout bounds one reading: a reading that waited longer would say
 // little of the clocks anyway.
@@ -19,14 +17,14 @@ const clockTimeout = 500 * time.Millisecond
 // clockWatcher measures a Redis store's clock offset. It lives as long as
 // the store's stats.
 type clockWatcher struct {
-	watch *limiter.ClockWatch
+	watch *clockWatch
 	quit  chan struct{}
 	done  chan struct{}
 }
 
-func startClockWatcher(redis *limiter.RedisStore) *clockWatcher {
+func startClockWatcher(redis *redisStats) *clockWatcher {
 	c := &clockWatcher{
-		watch: limiter.NewClockWatch(redis),
+		watch: newClockWatch(redis),
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -61,15 +59,15 @@ func (c *clockWatcher) run() {
 		rc, cancelRead := context.WithTimeout(ctx, clockTimeout)
 		_ = c.watch.Measure(rc)
 		cancelRead()
-		t.Reset(limiter.ClockInterval)
+		t.Reset(ClockInterval)
 	}
 }
 
 // offset returns the latest estimate of the offset, and false before the
 // first reading.
-func (c *clockWatcher) offset() (limiter.ClockReading, bool) {
+func (c *clockWatcher) offset() (ClockReading, bool) {
 	if c == nil {
-		return limiter.ClockReading{}, false
+		return ClockReading{}, false
 	}
 	return c.watch.Offset()
 }

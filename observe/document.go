@@ -378,7 +378,7 @@ func rejected(c [limiter.NumOutcomes]uint64) uint64 {
 }
 
 type fleetRead struct {
-	view *limiter.FleetView
+	view *FleetView
 	err  error
 }
 

@@ -18,8 +18,8 @@ import (
 // The denial feed: each store's stats keep the last feedRing denials this
 // node made in its zones (dry-run zones' would-be denials included), and a
 // Redis store's also send a sample of them, the first feedSample of each
-// second, to the zones' streams in Redis (limiter.RedisStore.AppendDenials),
-// so that any node can list what the whole fleet denied (feedapi.go).
+// second, to the zones' streams in Redis (redisfeed.go), so that any node
+// can list what the whole fleet denied (feedapi.go).
 //
 // Recording is on the request path: it copies the request's fields into a
 // slot of a fixed ring under a mutex, and hands a sampled denial to the
@@ -153,12 +153,12 @@ func (d *denial) field(from, to uint16, cut uint8) string {
 // export returns the denial as the feed shows it: the key's digest (and
 // the key with log_key), the address (its network without log_key), this
 // node's id.
-func (d *denial) export() limiter.Denial {
+func (d *denial) export() Denial {
 	key := d.long
 	if key == "" {
 		key = string(d.buf[d.path:d.key])
 	}
-	out := limiter.Denial{
+	out := Denial{
 		Time:      d.at,
 		Zone:      d.zone,
 		KeyDigest: d.digest.Digest(key),
@@ -245,7 +245,7 @@ func (f *denialFeed) record(req *denialRequest) {
 
 // recent returns up to limit of the ring's denials, newest first, of the
 // zone named (of every zone if zone is "").
-func (f *denialFeed) recent(zone string, limit int) []limiter.Denial {
+func (f *denialFeed) recent(zone string, limit int) []Denial {
 	var picked []denial
 	f.mu.Lock()
 	for i := uint64(0); i < min(f.next, feedRing) && len(picked) < limit; i++ {
@@ -255,7 +255,7 @@ func (f *denialFeed) recent(zone string, limit int) []limiter.Denial {
 		}
 	}
 	f.mu.Unlock()
-	out := make([]limiter.Denial, len(picked))
+	out := make([]Denial, len(picked))
 	for i := range picked {
 		out[i] = picked[i].export()
 	}
@@ -267,7 +267,7 @@ func (f *denialFeed) recent(zone string, limit int) []limiter.Denial {
 // stats.
 type feedWriter struct {
 	feed  *denialFeed
-	redis *limiter.RedisStore
+	redis *redisStats
 	store string
 	log   *zap.Logger
 	quit  chan struct{}
@@ -279,7 +279,7 @@ type feedWriter struct {
 func startFeedWriter(s *storeStats) *feedWriter {
 	w := &feedWriter{
 		feed:  s.feed,
-		redis: s.redis,
+		redis: s.shared,
 		store: s.name,
 		log:   caddy.Log().Named("http.handlers.rate_limit.feed"),
 		quit:  make(chan struct{}),
@@ -302,7 +302,7 @@ func (w *feedWriter) run() {
 	}()
 	t := time.NewTicker(feedInterval)
 	defer t.Stop()
-	batch := make([]limiter.Denial, 0, feedQueue)
+	batch := make([]Denial, 0, feedQueue)
 	var lastWarn, pausedUntil time.Time
 	refusalSaid := false
 	for {
@@ -316,11 +316,11 @@ func (w *feedWriter) run() {
 			continue
 		}
 		c, cancelSend := context.WithTimeout(ctx, feedTimeout)
-		err := w.redis.AppendDenials(c, batch)
+		err := w.redis.appendDenials(c, batch)
 		cancelSend()
 		switch {
 		case err == nil, ctx.Err() != nil:
-		case errors.Is(err, limiter.ErrFeedRefused):
+		case errors.Is(err, ErrFeedRefused):
 			// An ACL without the stream commands: the feed keeps to
 			// this node. Said once; tried again a minute later.
 			w.lastErr.Store(&storeError{msg: err.Error(), at: time.Now()})
@@ -342,7 +342,7 @@ func (w *feedWriter) run() {
 }
 
 // drain appends what the queue holds to batch, formatted.
-func (w *feedWriter) drain(batch []limiter.Denial) []limiter.Denial {
+func (w *feedWriter) drain(batch []Denial) []Denial {
 	for len(batch) < cap(batch) {
 		select {
 		case d := <-w.feed.queue:

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"sort"
 	"time"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // GET /rate_limit/denials: the denial feed. For each Redis store, the
@@ -52,7 +50,7 @@ type denialJSON struct {
 	DryRun    bool      `json:"dry_run"`
 }
 
-func denialOf(d *limiter.Denial) denialJSON {
+func denialOf(d *Denial) denialJSON {
 	return denialJSON{
 		Time: d.Time, Zone: d.Zone, KeyDigest: d.KeyDigest, Key: d.Key,
 		Method: d.Method, Host: d.Host, Path: d.Path, ClientIP: d.ClientIP,
@@ -62,9 +60,9 @@ func denialOf(d *limiter.Denial) denialJSON {
 
 // readFeed returns the store's fleet denials of zones, reusing a read
 // younger than feedReadCache.
-func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([]limiter.Denial, error) {
-	return s.feedRead.get(ctx, fmt.Sprint(zones, limit), feedReadCache, feedTimeout, func(ctx context.Context) ([]limiter.Denial, error) {
-		return s.redis.ReadDenials(ctx, zones, limit)
+func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([]Denial, error) {
+	return s.feedRead.get(ctx, fmt.Sprint(zones, limit), feedReadCache, feedTimeout, func(ctx context.Context) ([]Denial, error) {
+		return s.shared.readDenials(ctx, zones, limit)
 	})
 }
 
@@ -87,7 +85,7 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 		return true
 	})
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
-	var all []limiter.Denial
+	var all []Denial
 	for _, s := range stores {
 		src := storeSource{Name: s.name, Source: "node"}
 		if s.redis != nil {
@@ -114,9 +112,9 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 }
 
 // serveDenials answers GET /rate_limit/denials?zone=NAME&limit=N (limit 1
-// to limiter.DenialStreamLength, default feedDefaultLimit).
+// to DenialStreamLength, default feedDefaultLimit).
 func serveDenials(w http.ResponseWriter, r *http.Request) (int, error) {
-	limit, err := intParam(r, "limit", feedDefaultLimit, 1, limiter.DenialStreamLength, "denials")
+	limit, err := intParam(r, "limit", feedDefaultLimit, 1, DenialStreamLength, "denials")
 	if err != nil {
 		return http.StatusBadRequest, err
 	}

@@ -16,8 +16,8 @@ import (
 )
 
 // The fleet view: every node adds its per-zone counts to per-second totals
-// in the Redis its zones share (limiter.RedisStore.FleetReport), so the
-// dashboard of any node shows what the whole fleet decided. One goroutine
+// in the Redis its zones share (redisfleet.go), so the dashboard of any
+// node shows what the whole fleet decided. One goroutine
 // per Redis store (not per handler) reports once a second, through the
 // store's own client, never on the request path; it lives as long as the
 // store's stats (storeRegistry), which outlive reloads.
@@ -58,11 +58,11 @@ type fleetReporter struct {
 	lastOK  atomic.Int64 // unix nanoseconds of the last successful report
 	lastErr atomic.Pointer[storeError]
 	// nodes is how many nodes the last successful report found in the
-	// fleet within limiter.FleetNodeTimeout (0: none yet).
+	// fleet within FleetNodeTimeout (0: none yet).
 	nodes atomic.Int64
 
 	// last is the last read of the fleet's counts (see fleetReadCache).
-	last cachedRead[*limiter.FleetView]
+	last cachedRead[*FleetView]
 }
 
 func startFleetReporter(s *storeStats) *fleetReporter {
@@ -110,7 +110,7 @@ func (f *fleetReporter) link(z *zoneStats) {
 // When it fails, the counts wait for the next one.
 func (f *fleetReporter) report() {
 	var (
-		reports []limiter.FleetReport
+		reports []FleetReport
 		zones   []*zoneStats
 		totals  [][limiter.NumOutcomes]uint64
 	)
@@ -121,7 +121,7 @@ func (f *fleetReporter) report() {
 			continue
 		}
 		now := z.loadTotals()
-		r := limiter.FleetReport{Zone: z.name}
+		r := FleetReport{Zone: z.name}
 		for o := range now {
 			r.Counts[o] = int64(now[o] - last[o])
 		}
@@ -132,7 +132,7 @@ func (f *fleetReporter) report() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
-	nodes, err := f.s.redis.FleetReport(ctx, nodeID, reports)
+	nodes, err := f.s.shared.fleetReport(ctx, nodeID, reports)
 	cancel()
 	if err != nil {
 		f.lastErr.Store(&storeError{msg: err.Error(), at: time.Now()})
@@ -161,10 +161,10 @@ func (f *fleetReporter) report() {
 
 // read returns the fleet's counts of the zones over the last seconds,
 // reusing a read younger than fleetReadCache.
-func (f *fleetReporter) read(ctx context.Context, zones []string, seconds int) (*limiter.FleetView, error) {
+func (f *fleetReporter) read(ctx context.Context, zones []string, seconds int) (*FleetView, error) {
 	key := strings.Join(zones, "\x00") + "\x00" + strconv.Itoa(seconds)
-	return f.last.get(ctx, key, fleetReadCache, fleetTimeout, func(ctx context.Context) (*limiter.FleetView, error) {
-		return f.s.redis.FleetRead(ctx, zones, seconds)
+	return f.last.get(ctx, key, fleetReadCache, fleetTimeout, func(ctx context.Context) (*FleetView, error) {
+		return f.s.shared.fleetRead(ctx, zones, seconds)
 	})
 }
 

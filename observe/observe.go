@@ -4,8 +4,9 @@
 // store in the process (stats.go, counters.go, topkeys.go, latency.go), the
 // fleet view shared through Redis (fleet.go), the denial feed (feed.go,
 // feedapi.go, netmask.go), the node's clock offset against Redis
-// (clock.go), and the admin API and dashboard that serve them (admin.go,
-// dashboard.go, document.go).
+// (clock.go), the Redis side of those three (redisstats.go,
+// redisfleet.go, redisfeed.go, redisclock.go), and the admin API and
+// dashboard that serve them (admin.go, dashboard.go, document.go).
 //
 // A handler feeds it through a Handler, made by New at Provision: Decided
 // for every decided request, Observer for the limiter's store calls, and

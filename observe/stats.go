@@ -201,6 +201,7 @@ type storeStats struct {
 	key    string
 	name   string
 	redis  *limiter.RedisStore  // nil for the memory store
+	shared *redisStats          // the Redis store's shared statistics, or nil
 	memory *limiter.MemoryStore // nil for a Redis store
 	lat    latencyRing
 	errs   [numReasons]atomic.Uint64
@@ -211,7 +212,7 @@ type storeStats struct {
 	writer *feedWriter   // nil for the memory store
 	clock  *clockWatcher // nil for the memory store
 	// feedRead is the last read of a Redis store's denial streams.
-	feedRead cachedRead[[]limiter.Denial]
+	feedRead cachedRead[[]Denial]
 }
 
 // loadStoreStats takes a reference to a store's stats; release it with
@@ -224,9 +225,10 @@ func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) 
 		s.series = claimStoreSeries(name)
 		s.feed = newDenialFeed(s.redis != nil)
 		if s.redis != nil {
+			s.shared = newRedisStats(s.redis)
 			s.fleet = startFleetReporter(s)
 			s.writer = startFeedWriter(s)
-			s.clock = startClockWatcher(s.redis)
+			s.clock = startClockWatcher(s.shared)
 		}
 		return s, nil
 	})

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
 // denialFeed is GET /rate_limit/denials.
@@ -164,7 +164,7 @@ func TestDenialFeedFleet(t *testing.T) {
 	if n, _ := strconv.Atoi(r.MustDo("XLEN", stream)); n != 6 {
 		t.Errorf("XLEN %s = %d, want 6", stream, n)
 	}
-	if ttl, _ := strconv.Atoi(r.MustDo("TTL", stream)); ttl <= 0 || ttl > int(limiter.DenialRetention/time.Second) {
+	if ttl, _ := strconv.Atoi(r.MustDo("TTL", stream)); ttl <= 0 || ttl > int(observe.DenialRetention/time.Second) {
 		t.Errorf("%s has TTL %d", stream, ttl)
 	}
 	if raw := r.MustDo("XRANGE", stream, "-", "+"); strings.Contains(raw, "sk_live_feed") || strings.Contains(raw, "client_ip\n127.0.0.1") || strings.Contains(raw, "query-secret") {

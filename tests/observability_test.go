@@ -14,7 +14,7 @@ import (
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
 // adminGet fetches a path from the node's admin endpoint.
@@ -406,7 +406,7 @@ func TestFleetView(t *testing.T) {
 		t.Errorf("fleet keys %q", keys)
 	}
 	for _, k := range strings.Split(keys, "\n") {
-		if ttl, _ := strconv.Atoi(r.MustDo("TTL", k)); ttl <= 0 || ttl > int(limiter.FleetRetention/time.Second) {
+		if ttl, _ := strconv.Atoi(r.MustDo("TTL", k)); ttl <= 0 || ttl > int(observe.FleetRetention/time.Second) {
 			t.Errorf("%s has TTL %d", k, ttl)
 		}
 	}

@@ -1,4 +1,4 @@
-package limiter
+package observe
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,15 +43,15 @@ const FleetNodeTimeout = 10 * time.Second
 // storage code of the outcome's name (a: allowed, d: denied, fo:
 // failed_open, …), kept as it is so that a fleet mid-upgrade adds into the
 // same fields.
-var fleetOutcomeCode = [NumOutcomes]string{
-	Allowed:      "a",
-	Denied:       "d",
-	FailedOpen:   "fo",
-	FailedClosed: "fc",
-	LocalAllowed: "la",
-	LocalDenied:  "ld",
-	Banned:       "b",
-	DryRunDenied: "dd",
+var fleetOutcomeCode = [limiter.NumOutcomes]string{
+	limiter.Allowed:      "a",
+	limiter.Denied:       "d",
+	limiter.FailedOpen:   "fo",
+	limiter.FailedClosed: "fc",
+	limiter.LocalAllowed: "la",
+	limiter.LocalDenied:  "ld",
+	limiter.Banned:       "b",
+	limiter.DryRunDenied: "dd",
 }
 
 // FleetReport is one node's decision counts in one zone since its previous
@@ -61,14 +62,14 @@ type FleetReport struct {
 	// Counts holds how many decisions of each Outcome the node made in
 	// the zone since its previous report (requests, not tokens), indexed
 	// by Outcome; zero counts are not written to Redis.
-	Counts [NumOutcomes]int64
+	Counts [limiter.NumOutcomes]int64
 }
 
 // FleetZone is what the whole fleet decided in one zone.
 type FleetZone struct {
 	// Seconds holds the counts per second, oldest first, indexed by
 	// Outcome; the last one is FleetView.End.
-	Seconds [][NumOutcomes]int64
+	Seconds [][limiter.NumOutcomes]int64
 	// Nodes are the ids of the nodes that reported within
 	// FleetNodeTimeout, sorted.
 	Nodes []string
@@ -84,17 +85,18 @@ type FleetView struct {
 	Zones map[string]*FleetZone
 }
 
-func (s *RedisStore) fleetKey(zone string) string {
+// fleetKey returns the prefix of a zone's counter keys.
+func (s *redisStats) fleetKey(zone string) string {
 	return s.prefix + "fleet:{" + zone + "}:"
 }
 
-// FleetReport adds one node's counts to the fleet's counters, at Redis'
+// fleetReport adds one node's counts to the fleet's counters, at Redis'
 // current second, and marks the node present in each zone. It returns how
 // many nodes (this one included) reported within FleetNodeTimeout in the
 // zone that has the most. It makes two round trips (TIME, then one
 // pipeline), and is meant to be called about once a second, off the
 // request path.
-func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []FleetReport) (int, error) {
+func (s *redisStats) fleetReport(ctx context.Context, node string, reports []FleetReport) (int, error) {
 	if len(reports) == 0 {
 		return 0, nil
 	}
@@ -143,9 +145,9 @@ func (s *RedisStore) FleetReport(ctx context.Context, node string, reports []Fle
 	return most, nil
 }
 
-// FleetRead returns the fleet's counts of the zones over the last seconds
+// fleetRead returns the fleet's counts of the zones over the last seconds
 // complete seconds of Redis' clock (at most what FleetRetention keeps).
-func (s *RedisStore) FleetRead(ctx context.Context, zones []string, seconds int) (*FleetView, error) {
+func (s *redisStats) fleetRead(ctx context.Context, zones []string, seconds int) (*FleetView, error) {
 	seconds = max(1, min(seconds, int(FleetRetention/time.Second)-60))
 	now, err := s.client.Time(ctx).Result()
 	if err != nil {
@@ -176,7 +178,7 @@ func (s *RedisStore) FleetRead(ctx context.Context, zones []string, seconds int)
 		return nil, fmt.Errorf("redis fleet counters: %w", err)
 	}
 	for _, r := range reads {
-		fz := &FleetZone{Seconds: make([][NumOutcomes]int64, seconds)}
+		fz := &FleetZone{Seconds: make([][limiter.NumOutcomes]int64, seconds)}
 		for _, cmd := range r.minutes {
 			for field, val := range cmd.Val() {
 				secPart, code, ok := strings.Cut(field, ":")
@@ -205,6 +207,7 @@ func (s *RedisStore) FleetRead(ctx context.Context, zones []string, seconds int)
 	return view, nil
 }
 
+// outcomeOfCode returns the Outcome a storage code names, or -1.
 func outcomeOfCode(code string) int {
 	for o, c := range fleetOutcomeCode {
 		if c == code {

@@ -1,4 +1,4 @@
-package limiter
+package observe
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 )
 
 // Node clock drift: how far this node's clock is from Redis'. Buckets never
-// read it (their time is Redis TIME, see Clock), but what runs on the
+// read it (their time is Redis TIME, see limiter.Clock), but what runs on the
 // node's time does (the memory store, the local fallback buckets, log
 // timestamps, the denial feed's times), so a node whose clock drifts is
 // worth an alert. The offset is measured as NTP does with one server:
@@ -19,9 +19,9 @@ import (
 
 const (
 	// ClockInterval is the least time between two readings of a
-	// ClockWatch.
+	// clockWatch.
 	ClockInterval = time.Second
-	// clockReadings is how many recent readings a ClockWatch chooses its
+	// clockReadings is how many recent readings a clockWatch chooses its
 	// estimate from.
 	clockReadings = 8
 )
@@ -39,12 +39,11 @@ type ClockReading struct {
 	At time.Time
 }
 
-// ReadClock asks Redis for its TIME and compares it with this node's clock:
-// the store's Clock (RedisOptions.Clock), or the node's default clock when
-// it has none (in builds with the fleetlimit_clockskew tag, the skewed one;
-// see clock_skew.go). In a Cluster, TIME goes to any one master.
-func (s *RedisStore) ReadClock(ctx context.Context) (ClockReading, error) {
-	clock := clockOr(s.clock)
+// readClock asks Redis for its TIME and compares it with this node's clock:
+// the store's (limiter.RedisStore.Clock). In a Cluster, TIME goes to any
+// one master.
+func (s *redisStats) readClock(ctx context.Context) (ClockReading, error) {
+	clock := s.clock
 	sent := clock.Now()
 	t, err := s.client.Time(ctx).Result()
 	received := clock.Now()
@@ -55,11 +54,11 @@ func (s *RedisStore) ReadClock(ctx context.Context) (ClockReading, error) {
 	return ClockReading{Offset: t.Sub(sent.Add(rtt / 2)), RoundTrip: rtt, At: received}, nil
 }
 
-// ClockWatch keeps the recent readings of a Redis store's clock offset.
+// clockWatch keeps the recent readings of a Redis store's clock offset.
 // Measure it off the request path, about once a ClockInterval; read it with
 // Offset.
-type ClockWatch struct {
-	store *RedisStore
+type clockWatch struct {
+	store *redisStats
 
 	mu       sync.Mutex
 	readings [clockReadings]ClockReading
@@ -68,13 +67,13 @@ type ClockWatch struct {
 	last     time.Time // when the last reading began (monotonic)
 }
 
-// NewClockWatch returns a watch of the store's clock offset, with no
+// newClockWatch returns a watch of the store's clock offset, with no
 // reading yet.
-func NewClockWatch(s *RedisStore) *ClockWatch { return &ClockWatch{store: s} }
+func newClockWatch(s *redisStats) *clockWatch { return &clockWatch{store: s} }
 
 // Measure reads the store's clock offset, unless the previous reading
 // began less than ClockInterval ago, and keeps the reading.
-func (w *ClockWatch) Measure(ctx context.Context) error {
+func (w *clockWatch) Measure(ctx context.Context) error {
 	w.mu.Lock()
 	now := time.Now()
 	if !w.last.IsZero() && now.Sub(w.last) < ClockInterval {
@@ -83,7 +82,7 @@ func (w *ClockWatch) Measure(ctx context.Context) error {
 	}
 	w.last = now
 	w.mu.Unlock()
-	r, err := w.store.ReadClock(ctx)
+	r, err := w.store.readClock(ctx)
 	if err != nil {
 		return err
 	}
@@ -92,7 +91,7 @@ func (w *ClockWatch) Measure(ctx context.Context) error {
 }
 
 // add keeps a reading, in place of the oldest.
-func (w *ClockWatch) add(r ClockReading) {
+func (w *clockWatch) add(r ClockReading) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.readings[w.next] = r
@@ -104,7 +103,7 @@ func (w *ClockWatch) add(r ClockReading) {
 // readings (eight, about as many seconds), the one whose round trip was
 // shortest, since queueing on the way to Redis or back skews a reading
 // by up to half its round trip. It returns false before the first reading.
-func (w *ClockWatch) Offset() (ClockReading, bool) {
+func (w *clockWatch) Offset() (ClockReading, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.n == 0 {

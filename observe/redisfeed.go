@@ -1,4 +1,4 @@
-package limiter
+package observe
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,7 +43,7 @@ const (
 	DenialRetention = 24 * time.Hour
 )
 
-// denialReadAhead is how many more entries of each stream ReadDenials
+// denialReadAhead is how many more entries of each stream readDenials
 // reads than it returns, to put in order what nodes sent late.
 const denialReadAhead = 200
 
@@ -56,7 +57,7 @@ type Denial struct {
 	Time time.Time
 	// Zone is the name of the zone that denied it.
 	Zone string
-	// KeyDigest is the client key's digest (see Digester).
+	// KeyDigest is the client key's digest (see limiter.Digester).
 	KeyDigest string
 	// Key is the client key itself; empty unless the node that denied
 	// the request shows keys (log_key).
@@ -75,15 +76,15 @@ type Denial struct {
 }
 
 // denialKey returns the Redis key of a zone's denial stream.
-func (s *RedisStore) denialKey(zone string) string {
+func (s *redisStats) denialKey(zone string) string {
 	return s.prefix + "denials:{feed}:" + zone
 }
 
-// AppendDenials adds denials to their zones' streams, in one pipeline
+// appendDenials adds denials to their zones' streams, in one pipeline
 // (one round trip: every stream is in one hash slot), trimming each
 // stream to about DenialStreamLength and renewing its DenialRetention.
 // It is meant for a sample of the denials, off the request path.
-func (s *RedisStore) AppendDenials(ctx context.Context, ds []Denial) error {
+func (s *redisStats) appendDenials(ctx context.Context, ds []Denial) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -126,13 +127,13 @@ func (s *RedisStore) AppendDenials(ctx context.Context, ds []Denial) error {
 	return nil
 }
 
-// ReadDenials returns the newest denials of the zones, newest first by the
+// readDenials returns the newest denials of the zones, newest first by the
 // times of the nodes that denied them, at most limit. Nodes send their
 // denials up to about a second late, so the order Redis added them in is
 // not quite theirs: it reads denialReadAhead more of each stream than
 // asked, and sorts them. Nodes whose clocks are off are misplaced by as
-// much (see ReadClock).
-func (s *RedisStore) ReadDenials(ctx context.Context, zones []string, limit int) ([]Denial, error) {
+// much (see readClock).
+func (s *redisStats) readDenials(ctx context.Context, zones []string, limit int) ([]Denial, error) {
 	if len(zones) == 0 || limit <= 0 {
 		return []Denial{}, nil
 	}
@@ -156,7 +157,7 @@ func (s *RedisStore) ReadDenials(ctx context.Context, zones []string, limit int)
 			if !ok {
 				continue
 			}
-			all = append(all, entry{ms, seq, denialOf(zones[i], m.Values)})
+			all = append(all, entry{ms, seq, streamDenial(zones[i], m.Values)})
 		}
 	}
 	// By the nodes' times (a node sends its denials up to a second
@@ -178,8 +179,8 @@ func (s *RedisStore) ReadDenials(ctx context.Context, zones []string, limit int)
 	return out, nil
 }
 
-// denialOf reads one stream entry of a zone.
-func denialOf(zone string, v map[string]any) Denial {
+// streamDenial reads one stream entry of a zone.
+func streamDenial(zone string, v map[string]any) Denial {
 	str := func(name string) string {
 		s, _ := v[name].(string)
 		return s
@@ -213,6 +214,7 @@ func parseStreamID(id string) (ms, seq uint64, ok bool) {
 	return ms, seq, err1 == nil && err2 == nil
 }
 
+// flag is a boolean field's value.
 func flag(b bool) string {
 	if b {
 		return "1"
@@ -223,7 +225,7 @@ func flag(b bool) string {
 // feedError wraps a denial feed command's error, as ErrFeedRefused too
 // when the user may not run the command.
 func feedError(err error) error {
-	if cmd, ok := noPermCommand(err); ok {
+	if cmd, ok := limiter.RefusedCommand(err); ok {
 		if cmd == "" {
 			cmd = "a stream command"
 		}

@@ -1,4 +1,4 @@
-package limiter
+package observe
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // TestReadClock: a node whose clock is 300ms ahead of Redis' (the store's
@@ -16,15 +17,15 @@ func TestReadClock(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
 	const skew = 300 * time.Millisecond
-	ahead := newRedisStore(t, RedisOptions{Address: r.Addr, Clock: ClockFunc(func() time.Time { return time.Now().Add(skew) })})
-	exact := newRedisStore(t, RedisOptions{Address: r.Addr})
+	ahead := startRedisStats(t, limiter.RedisOptions{Address: r.Addr, Clock: limiter.ClockFunc(func() time.Time { return time.Now().Add(skew) })})
+	exact := startRedisStats(t, limiter.RedisOptions{Address: r.Addr})
 	ctx := context.Background()
 	for _, c := range []struct {
 		name string
-		s    *RedisStore
+		s    *redisStats
 		want time.Duration
 	}{{"ahead", ahead, -skew}, {"exact", exact, 0}} {
-		w := NewClockWatch(c.s)
+		w := newClockWatch(c.s)
 		if _, ok := w.Offset(); ok {
 			t.Fatalf("%s: an offset before any reading", c.name)
 		}
@@ -57,7 +58,7 @@ func TestReadClock(t *testing.T) {
 // shortest round trip among the last eight.
 func TestClockWatchShortestRoundTrip(t *testing.T) {
 	t.Parallel()
-	w := NewClockWatch(nil)
+	w := newClockWatch(nil)
 	for i, r := range []ClockReading{
 		{Offset: 40 * time.Millisecond, RoundTrip: 80 * time.Millisecond}, // queued: off by up to 40ms
 		{Offset: -2 * time.Millisecond, RoundTrip: 200 * time.Microsecond},

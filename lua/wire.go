@@ -1,0 +1,213 @@
+package lua
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// The decide and refund scripts' wire format, declared once: the limiter
+// builds a call's ARGV and reads its reply by these positions and values,
+// and the .lua files name them (ARG_CLOCK, R_FLAGS, …; see names). lua.go
+// writes their values in place of the names (bind), under a header that
+// lists them. Positions count from 1, as Lua's tables do.
+//
+// ARGV holds, in order: the clock and the number of rules (ArgClock,
+// ArgRules); RuleArgs arguments per rule; one argument per zone of each
+// request (PackZone), or NoZones for a request of none; KindArgs
+// arguments per zone kind; and last the number of zone kinds. KEYS holds
+// the batch's buckets, each once.
+
+// Positions in ARGV.
+const (
+	// ArgClock is "0" (the clock is Redis TIME) or a fixed time in
+	// microseconds, for tests only.
+	ArgClock = 1
+	// ArgRules is the number of rules; the rules' arguments follow it.
+	ArgRules = 2
+)
+
+// Positions in a rule's arguments (and in the table the scripts read them
+// into), and how many a rule has.
+const (
+	// RuleAlg is the rule's algorithm (AlgTokenBucket …).
+	RuleAlg = 1
+	// RuleP1 to RuleP4 are the algorithm's four parameters (see each
+	// algorithm's .lua file).
+	RuleP1 = 2
+	RuleP2 = 3
+	RuleP3 = 4
+	RuleP4 = 5
+	// RuleFlags holds the rule's flags (RuleDryRun).
+	RuleFlags = 6
+	// RuleBan is the ban's duration in microseconds, 0 for none.
+	RuleBan = 7
+	// RuleBanDenials is how many denials within RuleBanWindow start a ban.
+	RuleBanDenials = 8
+	// RuleBanWindow is the window of the ban's denials, in microseconds.
+	RuleBanWindow = 9
+	// RulePrefetch is the most tokens an admitted request may take (its
+	// cost and spares; token bucket and fixed window), 0 for none.
+	RulePrefetch = 10
+	// RuleArgs is how many arguments a rule has.
+	RuleArgs = 10
+)
+
+// RuleDryRun is the flag (a bit of RuleFlags, the lowest) of a dry-run
+// rule: what it would deny does not deny the request.
+const RuleDryRun = 1
+
+// The algorithms' ids, as RuleAlg carries them (the limiter's Algorithm
+// values).
+const (
+	AlgTokenBucket   = 0
+	AlgSlidingWindow = 1
+	AlgFixedWindow   = 2
+	AlgSlidingLog    = 3
+	AlgLeakyBucket   = 4
+	AlgConcurrency   = 5
+)
+
+// Positions in a zone kind's arguments, and how many a kind has. A kind is
+// what zones of a batch may share: a rule, a cost and an aux.
+const (
+	// KindRule is the index of the kind's rule, from 1.
+	KindRule = 1
+	// KindCost is the zones' cost (0 in a refund: skip the zone).
+	KindCost = 2
+	// KindAux is the reserve the request must leave, in the algorithm's
+	// units, or a concurrency slot's id; in a refund, the time (us) of the
+	// charge refunded.
+	KindAux = 3
+	// KindArgs is how many arguments a kind has.
+	KindArgs = 3
+)
+
+// NoZones is the zone argument of a request of no zones.
+const NoZones = -1
+
+// PackZone returns a zone's argument: its kind k and its bucket ki (the
+// index of the bucket in KEYS; both from 1, with keys buckets in KEYS),
+// and whether it is its request's last zone, as one number. zone.lua is
+// its one decoder.
+func PackZone(k, ki, keys int, last bool) int {
+	z := ((k-1)*keys + ki - 1) * 2
+	if last {
+		z++
+	}
+	return z
+}
+
+// The decide script's reply is, request after request, the request's time
+// (us), negative when it is denied (or the request's error in its place),
+// then ReplyZone values per zone: in a request's reply from 0, zone i's
+// value at position p is at i*ReplyZone + p.
+const (
+	// ReplyFlag is the zone's flag (FlagDeny …).
+	ReplyFlag = 1
+	// ReplyR1 to ReplyR3 are what the zone's algorithm reports (see each
+	// algorithm's .lua file); for a banned key, the ban's microseconds
+	// left and its denials.
+	ReplyR1 = 2
+	ReplyR2 = 3
+	ReplyR3 = 4
+	// ReplyZone is how many values a zone has in the reply.
+	ReplyZone = 4
+)
+
+// ReplyLen returns how many values of the decide script's reply belong to
+// a request of zones zones: its time, then ReplyZone per zone.
+func ReplyLen(zones int) int { return 1 + ReplyZone*zones }
+
+// A zone's flag in the reply: one of the first four, plus FlagBanStarted
+// when this denial started a ban.
+const (
+	FlagDeny       = 0 // the zone denies the request
+	FlagAdmit      = 1 // the zone admits it
+	FlagNever      = 2 // no wait makes it admissible
+	FlagBanned     = 3 // the key is banned
+	FlagBanStarted = 4 // added: this denial started a ban
+)
+
+// names are the Lua names of the wire format's constants.
+var names = []struct {
+	name  string
+	value int
+}{
+	{"ARG_CLOCK", ArgClock},
+	{"ARG_RULES", ArgRules},
+	{"R_ALG", RuleAlg},
+	{"R_P1", RuleP1},
+	{"R_P2", RuleP2},
+	{"R_P3", RuleP3},
+	{"R_P4", RuleP4},
+	{"R_FLAGS", RuleFlags},
+	{"R_BAN", RuleBan},
+	{"R_BAN_DENIALS", RuleBanDenials},
+	{"R_BAN_WINDOW", RuleBanWindow},
+	{"R_PREFETCH", RulePrefetch},
+	{"RULE_ARGS", RuleArgs},
+	{"F_DRY_RUN", RuleDryRun},
+	{"K_RULE", KindRule},
+	{"K_COST", KindCost},
+	{"K_AUX", KindAux},
+	{"KIND_ARGS", KindArgs},
+	{"NO_ZONES", NoZones},
+	{"Z_FLAG", ReplyFlag},
+	{"Z_R1", ReplyR1},
+	{"Z_R2", ReplyR2},
+	{"Z_R3", ReplyR3},
+	{"ZONE_REPLY", ReplyZone},
+	{"DENY", FlagDeny},
+	{"ADMIT", FlagAdmit},
+	{"NEVER", FlagNever},
+	{"BANNED", FlagBanned},
+	{"BAN_STARTED", FlagBanStarted},
+}
+
+// header returns the comment that starts each assembled script: the wire
+// format's names and values.
+func header() string {
+	var b strings.Builder
+	b.WriteString("-- The wire format (lua/wire.go): the .lua files' names, written below as\n-- their values.\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "--   %s = %d\n", n.name, n.value)
+	}
+	return b.String()
+}
+
+// nameRE matches the wire format's names as whole words.
+var nameRE = func() *regexp.Regexp {
+	alt := make([]string, len(names))
+	for i, n := range names {
+		alt[i] = n.name
+	}
+	return regexp.MustCompile(`\b(` + strings.Join(alt, "|") + `)\b`)
+}()
+
+// bind writes the values of the wire format's names in place of the names
+// in the code of a script (comments keep the names). Names as Lua locals
+// would cost every call: the script's body runs in full on each EVALSHA,
+// and each function it defines captures the locals it uses as upvalues
+// anew.
+func bind(script string) string {
+	value := make(map[string]string, len(names))
+	for _, n := range names {
+		v := strconv.Itoa(n.value)
+		if n.value < 0 {
+			v = "(" + v + ")"
+		}
+		value[n.name] = v
+	}
+	lines := strings.SplitAfter(script, "\n")
+	for i, line := range lines {
+		code, comment, found := strings.Cut(line, "--")
+		code = nameRE.ReplaceAllStringFunc(code, func(name string) string { return value[name] })
+		if found {
+			code += "--" + comment
+		}
+		lines[i] = code
+	}
+	return strings.Join(lines, "")
+}
