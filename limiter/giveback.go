@@ -1,5 +1,7 @@
 package limiter
 
+import "github.com/fleetlimit/caddy-fleetlimit/lua"
+
 // Charges given back. A decision whose caller stopped waiting (the store's
 // timeout) after its script call was sent is still run by Redis, late. Its
 // request has taken its zones' failure policy by then (the local fallback
@@ -14,18 +16,18 @@ package limiter
 // decision c was charged, or nil when it was charged nothing (denied, or
 // failed).
 func (s *RedisStore) giveBackCall(c *call) *call {
-	if c.script != s.script || c.err != nil || len(c.reply) != replyLen(len(c.keys)) {
+	if c.script != s.script || c.err != nil || len(c.reply) != lua.ReplyLen(len(c.keys)) {
 		return nil
 	}
-	if at, _ := c.reply[0].(int64); at <= 0 {
+	at, _ := c.reply[0].(int64)
+	if at <= 0 {
 		return nil // denied: charged nothing
 	}
-	at := c.reply[0].(int64)
 	g := &call{script: s.refund, done: make(chan struct{}, 1)}
-	var vals [4]int64
+	var vals zoneReply
 	for z, r := range c.rules {
 		for j := range vals {
-			vals[j], _ = c.reply[1+4*z+j].(int64)
+			vals[j], _ = c.reply[z*lua.ReplyZone+1+j].(int64)
 		}
 		v := r.fromReply(vals, 0)
 		if !v.ok {
