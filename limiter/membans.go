@@ -61,3 +61,28 @@ func (sh *shard) sweepBans(now int64) {
 		}
 	}
 }
+
+// evictBan drops a denial count, or if every entry sampled holds a ban in
+// force, the ban that ends soonest among them, and reports its zone,
+// whether it lost anything, and whether there was an entry to drop. A ban
+// in force is the last entry a full shard gives up: its key then gets its
+// bucket again (an evicted bucket's allowance, see evict).
+func (sh *shard) evictBan(now int64) (zone uint32, lost, ok bool) {
+	var victim bucketID
+	var end int64
+	n := 0
+	for id, b := range sh.bans {
+		if !ok || b.banEnd < end {
+			victim, end, ok = id, b.banEnd, true
+		}
+		if n++; n == evictionSamples || end <= now {
+			break
+		}
+	}
+	if !ok {
+		return 0, false, false
+	}
+	b := sh.bans[victim]
+	delete(sh.bans, victim)
+	return victim.zone(), b.banEnd > now || (b.denials > 0 && b.countEnd > now), true
+}

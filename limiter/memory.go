@@ -188,6 +188,9 @@ func (s *MemoryStore) check(sh *shard, id bucketID, q *Request, now int64) verdi
 		v = r.check(e.state, now, q.Cost, res)
 	}
 	if !v.ok && r.ban.enabled() {
+		if _, counted := sh.bans[id]; !counted {
+			s.makeRoom(sh, int(s.perShard.Load()), now)
+		}
 		v.banStarted = sh.denied(id, r, now)
 	}
 	return v
@@ -245,11 +248,18 @@ func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result
 	return nil
 }
 
-// makeRoom evicts buckets from a shard that holds limit buckets or more
-// (limit 0: no limit), so that one more fits. The shard is locked.
+// makeRoom evicts entries (buckets, then denial counts and bans) from a
+// shard that holds limit entries or more (limit 0: no limit), so that one
+// more fits. The shard is locked.
 func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
-	for limit > 0 && sh.m.n+len(sh.logs) >= limit {
-		zone, lost := sh.evict(now)
+	for limit > 0 && sh.m.n+len(sh.logs)+len(sh.bans) >= limit {
+		zone, lost, ok := sh.evict(now)
+		if !ok {
+			zone, lost, ok = sh.evictBan(now) // membans.go
+		}
+		if !ok {
+			return
+		}
 		if lost {
 			s.evictMu.Lock()
 			s.evictions[zone]++
@@ -273,7 +283,7 @@ func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
 // fresher ones are there. A concurrency key's slots, held until released,
 // are never full: they are taken only when the sample holds nothing else
 // (the key's client may then have more requests in flight).
-func (sh *shard) evict(now int64) (zone uint32, lost bool) {
+func (sh *shard) evict(now int64) (zone uint32, lost, ok bool) {
 	victim, best, found := sh.m.sample(evictionSamples, now)
 	isLog := false
 	if !found {
@@ -291,14 +301,14 @@ func (sh *shard) evict(now int64) (zone uint32, lost bool) {
 		}
 	}
 	if !found {
-		return 0, false // an empty shard: nothing to evict
+		return 0, false, false // no bucket to evict
 	}
 	if isLog {
 		delete(sh.logs, victim)
 	} else {
 		sh.m.remove(victim)
 	}
-	return victim.zone(), best > now
+	return victim.zone(), best > now, true
 }
 
 // SetMaxKeys bounds how many buckets the store holds: past it, a new key
@@ -340,14 +350,14 @@ func (s *MemoryStore) Evictions(bucket string) uint64 {
 	return s.evictions[tag]
 }
 
-// Len returns how many buckets the store holds (full ones not yet swept
-// included).
+// Len returns how many entries the store holds: buckets (full ones not
+// yet swept included), and the denial counts and bans of zones that ban.
 func (s *MemoryStore) Len() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.m.n + len(sh.logs)
+		n += sh.m.n + len(sh.logs) + len(sh.bans)
 		sh.mu.Unlock()
 	}
 	return n
