@@ -143,7 +143,8 @@ type Zone struct {
 	CountStatus []string `json:"count_status,omitempty"`
 
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
-	// turn. Default: as long as the queue (Burst) allows.
+	// turn; a request that would wait longer is denied. Default: 10s, or
+	// as long as the queue (Burst) takes to drain if that is shorter.
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// Window is mholt/caddy-ratelimit's form of the period: at most

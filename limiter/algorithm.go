@@ -155,7 +155,10 @@ func compileRule(cfg RuleConfig) (*Rule, error) {
 			return nil, ErrMaxDelay
 		}
 		r.maxDelayUS = int64(cfg.MaxDelay / time.Microsecond)
-		if cfg.MaxDelay == 0 || r.maxDelayUS > r.capacity/r.denom {
+		if cfg.MaxDelay == 0 {
+			r.maxDelayUS = int64(DefaultMaxDelay / time.Microsecond)
+		}
+		if r.maxDelayUS > r.capacity/r.denom {
 			r.maxDelayUS = ceilDiv(r.capacity, r.denom) // the queue is the bound
 		}
 	}

@@ -314,7 +314,7 @@ func TestAlgorithmChangeStartsFresh(t *testing.T) {
 	ms := newMemory(t, clk)
 	ctx := context.Background()
 	tb := mustRule(t, "z", 1, time.Hour, 5)
-	lb := mustAlgRule(t, "z", LeakyBucket, 1, time.Hour, 5, 0)
+	lb := mustAlgRule(t, "z", LeakyBucket, 1, time.Hour, 5, 5*time.Hour) // max_delay: the whole queue
 	fw := mustAlgRule(t, "z", FixedWindow, 5, time.Hour, 0, 0)
 	sw := mustAlgRule(t, "z", SlidingWindow, 5, time.Hour, 0, 0)
 	sl := mustAlgRule(t, "z", SlidingLog, 5, time.Hour, 0, 0)

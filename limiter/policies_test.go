@@ -151,7 +151,7 @@ func TestReserveShedsLowerPriorityFirst(t *testing.T) {
 		retry time.Duration
 	}{
 		{RuleConfig{Name: "tb", Rate: 10, Per: time.Minute}, 24 * time.Second},
-		{RuleConfig{Name: "lb", Algorithm: LeakyBucket, Rate: 10, Per: time.Minute}, 24 * time.Second},
+		{RuleConfig{Name: "lb", Algorithm: LeakyBucket, Rate: 10, Per: time.Minute, MaxDelay: time.Minute}, 24 * time.Second},
 		{RuleConfig{Name: "fw", Algorithm: FixedWindow, Rate: 10, Per: time.Minute}, 45 * time.Second},
 		{RuleConfig{Name: "sw", Algorithm: SlidingWindow, Rate: 10, Per: time.Minute}, 45*time.Second + 24*time.Second},
 		{RuleConfig{Name: "log", Algorithm: SlidingLog, Rate: 10, Per: time.Minute}, time.Minute},

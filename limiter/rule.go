@@ -117,8 +117,8 @@ type RuleConfig struct {
 	// window algorithms take none). Default 0: Rate.
 	Burst int64
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
-	// turn, leaky bucket only. Default 0: as long as the queue (Burst)
-	// allows.
+	// turn, leaky bucket only. Default 0: DefaultMaxDelay, or as long as
+	// the queue (Burst) allows if that is shorter.
 	MaxDelay time.Duration
 	// OnError is what the zone does when the store fails. Default
 	// PolicyLocal, the zero value (DefaultPolicy, as ParsePolicy("")).
@@ -305,6 +305,16 @@ func (r *Rule) DryRun() bool { return r.dryRun }
 
 // Ban returns the zone's ban of repeat offenders (zero: none).
 func (r *Rule) Ban() Ban { return r.ban }
+
+// DefaultMaxDelay is the longest a leaky bucket lets a request wait for its
+// turn when its rule sets no MaxDelay (or its queue's length, if shorter):
+// a request parked longer holds a connection and a goroutine for nothing a
+// client would still want.
+const DefaultMaxDelay = 10 * time.Second
+
+// MaxDelay returns, for a leaky bucket, the longest a request waits for
+// its turn (0 for the other algorithms).
+func (r *Rule) MaxDelay() time.Duration { return us(r.maxDelayUS) }
 
 // Lease returns how long a concurrency zone's slot outlives a node that
 // died holding it (0 for the other algorithms).
