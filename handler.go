@@ -111,11 +111,13 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 // statistics of the handler and its zones (released by Cleanup).
 func (h *Handler) provisionObservability(ctx caddy.Context, store, local limiter.Store) error {
 	rules := make([]*limiter.Rule, len(h.Zones))
+	zones := make([]observe.ZoneConfig, len(h.Zones))
 	for i, z := range h.Zones {
-		rules[i] = z.rule
+		rules[i], zones[i] = z.rule, z.observeConfig()
 	}
 	obs, err := observe.New(ctx, observe.Config{
 		Rules:          rules,
+		Zones:          zones,
 		Store:          store,
 		StoreKey:       h.poolKey,
 		StoreName:      h.storeName(),

@@ -1,6 +1,7 @@
 package fleetlimit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -198,6 +199,7 @@ type Zone struct {
 	base        *appliedRule  // rule, with its field values
 	rules       *ruleCache    // the rules of placeholder values; nil without placeholders
 	matchers    caddyhttp.MatcherSets
+	route       string // the zone's matchers as configured (JSON), for the denial feed
 	keys        []keyExpr
 	cost        int64  // the static cost, when costExpr is empty
 	costExpr    string // placeholder expression of a dynamic cost
@@ -309,6 +311,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		z.counted, _ = parseStatusSet(z.CountStatus)
 	}
 	if z.MatcherSetsRaw != nil {
+		// Described before LoadModule, which clears the raw matchers.
+		if b, err := json.Marshal(z.MatcherSetsRaw); err == nil {
+			z.route = string(b)
+		}
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
 			return fmt.Errorf("loading matchers: %w", err)
@@ -377,6 +383,22 @@ func (z *Zone) normalKey(source int, v string) string {
 		v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
 	}
 	return limiter.SourceKey(source, v)
+}
+
+// observeConfig is what observe needs of the zone beyond its rule: what
+// its matchers match (from the configuration), and its key normalisation.
+func (z *Zone) observeConfig() observe.ZoneConfig {
+	oc := observe.ZoneConfig{Match: z.route}
+	if n := len(z.keys); n > 0 {
+		oc.Keys = func(v string) []string {
+			out := make([]string, n)
+			for i := range out {
+				out[i] = z.normalKey(i, v)
+			}
+			return out
+		}
+	}
+	return oc
 }
 
 // costOf returns the request's cost in this zone; false when a dynamic cost

@@ -29,9 +29,11 @@ import (
 // once a second, and formats it there (digests, addresses).
 //
 // What a denial shows of its client: the key's digest and the client's
-// network (/24, /64), unless the handler has log_key, which shows the key
-// and the address as they are. Without log_key neither is kept: a slot
-// holds the key only to digest it when read.
+// network (/24, /64), unless the handler has log_key, which shows the key,
+// the address and the request's path as they are. Without log_key none of
+// them is kept (a slot holds the key only to digest it when read), and the
+// denial names its zone and the zone's route (its matchers, from the
+// configuration) instead of the path.
 
 const (
 	// feedRing is how many denials each store's feed keeps on this node.
@@ -79,6 +81,7 @@ const (
 type denial struct {
 	at     time.Time
 	zone   string           // the zone's name, from the configuration
+	route  string           // what the zone's matchers match, from the configuration
 	digest limiter.Digester // the handler's, for the key's digest
 	// ip is the client's address: as it is with logKey, else already
 	// masked to its network (network).
@@ -101,16 +104,19 @@ type denialRequest struct {
 	key            string
 	method         string
 	host           string
-	path           string
+	path           string // kept only with logKey
+	route          string
 	ip             netip.Addr
 	logKey         bool
 	digest         limiter.Digester
 	banned, dryRun bool
 }
 
-// fill records req in d, masking the address unless logKey.
+// fill records req in d, masking the address and leaving the path out
+// unless logKey: a path can carry a client's secret (a reset token), and
+// the zone and its route tell what was denied without it.
 func (d *denial) fill(req *denialRequest) {
-	d.at, d.zone, d.digest = req.at, req.zone, req.digest
+	d.at, d.zone, d.route, d.digest = req.at, req.zone, req.route, req.digest
 	d.logKey, d.banned, d.dryRun, d.cut = req.logKey, req.banned, req.dryRun, 0
 	d.ip = req.ip
 	if !req.logKey {
@@ -120,7 +126,11 @@ func (d *denial) fill(req *denialRequest) {
 	d.method = uint16(n)
 	n = d.put(n, req.host, feedHostRoom, cutHost)
 	d.host = uint16(n)
-	n = d.put(n, req.path, feedPathRoom, cutPath)
+	path := req.path
+	if !req.logKey {
+		path = ""
+	}
+	n = d.put(n, path, feedPathRoom, cutPath)
 	d.path = uint16(n)
 	d.long = ""
 	if len(req.key) <= len(d.buf)-n {
@@ -165,6 +175,7 @@ func (d *denial) export() Denial {
 		Method:    d.field(0, d.method, cutMethod),
 		Host:      d.field(d.method, d.host, cutHost),
 		Path:      d.field(d.host, d.path, cutPath),
+		Route:     d.route,
 		Node:      nodeID,
 		Banned:    d.banned,
 		DryRun:    d.dryRun,

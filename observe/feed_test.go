@@ -96,7 +96,7 @@ func TestDenialMasking(t *testing.T) {
 	if slot := f.ring[0].ip; slot != netip.MustParseAddr("203.0.113.0") {
 		t.Errorf("the ring keeps the address %s, want its network's", slot)
 	}
-	if d.Method != "GET" || d.Host != "api.example" || d.Path != "/v1/items" || d.Node != nodeID || d.Zone != "z" || !d.Time.Equal(at) {
+	if d.Method != "GET" || d.Host != "api.example" || d.Path != "" || d.Node != nodeID || d.Zone != "z" || !d.Time.Equal(at) {
 		t.Errorf("fields: %+v", d)
 	}
 
@@ -107,11 +107,11 @@ func TestDenialMasking(t *testing.T) {
 	}
 
 	f.record(testDenial("z", "sk_live_secret", "203.0.113.77", at.Add(2*time.Millisecond), true))
-	if d := f.recent("", 1)[0]; d.Key != "sk_live_secret" || d.ClientIP != "203.0.113.77" || d.KeyDigest != feedDigester.Digest("sk_live_secret") {
+	if d := f.recent("", 1)[0]; d.Key != "sk_live_secret" || d.ClientIP != "203.0.113.77" || d.Path != "/v1/items" || d.KeyDigest != feedDigester.Digest("sk_live_secret") {
 		t.Errorf("with log_key: %+v", d)
 	}
 
-	long := testDenial("z", strings.Repeat("k", 1000), "198.51.100.1", at.Add(3*time.Millisecond), false)
+	long := testDenial("z", strings.Repeat("k", 1000), "198.51.100.1", at.Add(3*time.Millisecond), true)
 	long.path = "/" + strings.Repeat("p", 1000)
 	long.host = strings.Repeat("h", 1000)
 	long.method = strings.Repeat("M", 100)

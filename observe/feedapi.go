@@ -33,9 +33,10 @@ type denialsBody struct {
 	Denials []denialJSON `json:"denials"`
 }
 
-// denialJSON is one denial. Key is there only when the node that denied
-// the request has log_key; ClientIP is then the client's address, else its
-// network (/24 or /64).
+// denialJSON is one denial. Key and Path are there only when the node
+// that denied the request has log_key; ClientIP is then the client's
+// address, else its network (/24 or /64). Route is what the zone's
+// matchers match (absent when it has none).
 type denialJSON struct {
 	Time      time.Time `json:"time"`
 	Zone      string    `json:"zone"`
@@ -43,7 +44,8 @@ type denialJSON struct {
 	Key       string    `json:"key,omitempty"`
 	Method    string    `json:"method"`
 	Host      string    `json:"host"`
-	Path      string    `json:"path"`
+	Path      string    `json:"path,omitempty"`
+	Route     string    `json:"route,omitempty"`
 	ClientIP  string    `json:"client_ip"`
 	Node      string    `json:"node"`
 	Banned    bool      `json:"banned"`
@@ -53,7 +55,7 @@ type denialJSON struct {
 func denialOf(d *Denial) denialJSON {
 	return denialJSON{
 		Time: d.Time, Zone: d.Zone, KeyDigest: d.KeyDigest, Key: d.Key,
-		Method: d.Method, Host: d.Host, Path: d.Path, ClientIP: d.ClientIP,
+		Method: d.Method, Host: d.Host, Path: d.Path, Route: d.Route, ClientIP: d.ClientIP,
 		Node: d.Node, Banned: d.Banned, DryRun: d.DryRun,
 	}
 }

@@ -34,6 +34,9 @@ type Config struct {
 	// Rules are the handler's zones, in configuration order; each rule's
 	// Name is its zone's name.
 	Rules []*limiter.Rule
+	// Zones tell more of each zone of Rules, in the same order; a zone
+	// without an entry has its zero value.
+	Zones []ZoneConfig
 	// Store is the store the handler's limiter decides through.
 	Store limiter.Store
 	// StoreKey identifies the store across handlers and config reloads
@@ -56,6 +59,21 @@ type Config struct {
 	// DisableMetrics turns off the metrics and the statistics (admin API,
 	// dashboard and fleet view); placeholders and events stay.
 	DisableMetrics bool
+}
+
+// ZoneConfig is what a handler tells observe of one zone beyond its rule.
+type ZoneConfig struct {
+	// Match describes what the zone's own matchers match, from the
+	// configuration (never client data); "" when the zone applies to
+	// every request its handler sees. The denial feed shows it instead of
+	// the request's path unless the handler has log_key.
+	Match string
+	// Keys returns the bucket keys that a client key's raw value v stands
+	// for in the zone: one per key alternative, normalised as the zone
+	// normalises keys (its network prefixes, limiter.SourceKey). A ban is
+	// lifted by a raw key through it; nil when the zone has no key
+	// alternative (one shared bucket).
+	Keys func(v string) []string
 }
 
 // Handler is one provisioned handler's share of the observability. Make it
@@ -83,6 +101,7 @@ type heldZone struct {
 type Zone struct {
 	name  string
 	rule  *limiter.Rule
+	cfg   ZoneConfig
 	limit any // the zone's rate, as the limit placeholder's value (boxed once)
 	stats *zoneStats
 }
@@ -102,6 +121,9 @@ func New(ctx caddy.Context, cfg Config) (*Handler, error) {
 			name:  rule.Name(),
 			rule:  rule,
 			limit: strconv.FormatInt(rule.Rate(), 10),
+		}
+		if i < len(cfg.Zones) {
+			h.zones[i].cfg = cfg.Zones[i]
 		}
 	}
 	if cfg.DisableMetrics {
@@ -321,6 +343,7 @@ func (h *Handler) recordDenial(r *http.Request, z *Zone, req *limiter.Request, r
 		key:    req.Key,
 		method: r.Method,
 		host:   r.Host,
+		route:  z.cfg.Match,
 		ip:     ip,
 		logKey: h.logKey,
 		digest: h.digest,
@@ -328,7 +351,7 @@ func (h *Handler) recordDenial(r *http.Request, z *Zone, req *limiter.Request, r
 		dryRun: res.DryRun,
 	}
 	if r.URL != nil {
-		dr.path = r.URL.Path
+		dr.path = r.URL.Path // kept only with log_key (see denial.fill)
 	}
 	st.store.feed.record(&dr)
 }

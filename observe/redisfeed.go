@@ -28,8 +28,8 @@ import (
 //	                               DenialRetention after its last entry
 //
 // Each entry's fields: time (the node's clock, unix microseconds), zone,
-// key_digest, key (only from a node with log_key), method, host, path,
-// client_ip (as the node recorded it: a network unless log_key), node, and
+// key_digest, key and path (only from a node with log_key), route (the
+// zone's matchers, when it has any), method, host, client_ip (as the node recorded it: a network unless log_key), node, and
 // banned and dry_run ("1" when set). Its ID is Redis' time of the XADD.
 
 const (
@@ -63,8 +63,12 @@ type Denial struct {
 	// the request shows keys (log_key).
 	Key string
 	// Method, Host and Path are the request's method, host and path
-	// (without the query), as the node recorded them.
+	// (without the query), as the node recorded them; Path is empty
+	// unless the node shows keys (log_key): a path can hold a secret.
 	Method, Host, Path string
+	// Route is what the zone's matchers match, from the configuration;
+	// empty when the zone applies to every request of its handler.
+	Route string
 	// ClientIP is the client's address as the node recorded it: a
 	// network ("203.0.113.0/24") unless the node shows keys.
 	ClientIP string
@@ -102,10 +106,15 @@ func (s *redisStats) appendDenials(ctx context.Context, ds []Denial) error {
 		if d.Key != "" {
 			values = append(values, "key", d.Key)
 		}
+		if d.Path != "" {
+			values = append(values, "path", d.Path)
+		}
+		if d.Route != "" {
+			values = append(values, "route", d.Route)
+		}
 		values = append(values,
 			"method", d.Method,
 			"host", d.Host,
-			"path", d.Path,
 			"client_ip", d.ClientIP,
 			"node", d.Node,
 			"banned", flag(d.Banned),
@@ -192,6 +201,7 @@ func streamDenial(zone string, v map[string]any) Denial {
 		Method:    str("method"),
 		Host:      str("host"),
 		Path:      str("path"),
+		Route:     str("route"),
 		ClientIP:  str("client_ip"),
 		Node:      str("node"),
 		Banned:    str("banned") == "1",

@@ -261,7 +261,9 @@ function renderFeed(feed) {
       el("td", {}, d.zone),
       el("td", { class: "mono" }, d.client_ip || "?"),
       el("td", { class: "key", title: d.key ? "key" : "key digest" }, d.key || d.key_digest),
-      el("td", { class: "req" }, `${d.method} ${d.host}${d.path}`),
+      // Without log_key a denial has no path: its zone's route instead.
+      el("td", { class: "req", title: d.path ? "path" : "zone's route" },
+        d.path ? `${d.method} ${d.host}${d.path}` : `${d.method} ${d.host} ${d.route || "(every request)"}`),
       el("td", { class: "mono" }, d.node),
       flags);
   });
