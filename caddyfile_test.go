@@ -928,6 +928,28 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 9, `zone "api" is defined twice`},
+
+	// The dashboard's scope.
+	{"dashboard scope value", `:80 {
+	rate_limit {
+		zone api {
+			rate 10 1s
+		}
+	}
+	rate_limit_dashboard {
+		scope everything
+	}
+}`, 8, `scope must be server or all, got "everything"`},
+	{"dashboard scope missing", `:80 {
+	rate_limit_dashboard {
+		scope
+	}
+}`, 3, `wrong argument count`},
+	{"dashboard unknown subdirective", `:80 {
+	rate_limit_dashboard {
+		scoop all
+	}
+}`, 3, `unknown subdirective "scoop"`},
 }
 
 // caddyfileLineRE finds the Caddyfile position in an error.

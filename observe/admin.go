@@ -40,7 +40,8 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 }
 
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	if status, err := serveDashboard(w, r, strings.TrimPrefix(r.URL.Path, adminBase)); err != nil {
+	// The admin API is process-wide: every server's zones.
+	if status, err := serveDashboard(w, r, strings.TrimPrefix(r.URL.Path, adminBase), nil); err != nil {
 		return caddy.APIError{HTTPStatus: status, Err: err}
 	}
 	return nil

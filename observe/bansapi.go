@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -22,8 +23,12 @@ import (
 //
 // A ban shows its key's digest, under the digest secret of the handler that
 // configured the zone, and the key itself only when that handler has
-// log_key. To lift a ban, name its key or its digest: a digest is matched
-// against the digests of the keys the registry lists.
+// log_key. To lift a ban, name its key or its digest. A key is the raw
+// value a client sent (normalised as the zone normalises keys: its network
+// prefixes, then each key alternative's namespace) or a bucket key as the
+// registry lists it ("2,<value>" for a second alternative's value); it is
+// lifted whether or not the registry lists it. A digest can only be
+// matched against the digests of the keys the registry lists.
 
 const (
 	// bansDefaultLimit is how many bans per zone and store the list shows
@@ -77,13 +82,13 @@ type banZone struct {
 	info   *zoneInfo
 }
 
-// banZones returns, by store, the live zones named zone ("" for every
-// zone) on stores that keep bans.
-func banZones(zone string) map[*storeStats][]banZone {
+// banZones returns, by store, the live zones in scope in named zone (""
+// for every zone) on stores that keep bans.
+func banZones(zone string, in scope) map[*storeStats][]banZone {
 	out := map[*storeStats][]banZone{}
 	zoneRegistry.Range(func(_, v any) bool {
 		z := v.(*zoneStats)
-		if z.dead.Load() || (zone != "" && z.name != zone) {
+		if z.dead.Load() || (zone != "" && z.name != zone) || !in.has(z) {
 			return true
 		}
 		info := z.info.Load()
@@ -130,11 +135,11 @@ func banOf(s *storeStats, z *banZone, b *limiter.BanRecord) banJSON {
 	return j
 }
 
-// collectBans lists the bans in force of the zone named (of every zone if
-// zone is ""), at most limit per zone and store.
-func collectBans(ctx context.Context, now time.Time, zone string, limit int) *bansBody {
+// collectBans lists the bans in force of the zone named (of every zone in
+// scope if zone is ""), at most limit per zone and store.
+func collectBans(ctx context.Context, now time.Time, zone string, limit int, in scope) *bansBody {
 	out := &bansBody{Node: nodeID, Time: now, Stores: []storeSource{}, Bans: []banJSON{}}
-	byStore := banZones(zone)
+	byStore := banZones(zone, in)
 	for _, s := range sortedStores(byStore) {
 		zones := byStore[s]
 		sort.Slice(zones, func(i, j int) bool { return zones[i].stats.name < zones[j].stats.name })
@@ -163,32 +168,35 @@ func collectBans(ctx context.Context, now time.Time, zone string, limit int) *ba
 	return out
 }
 
-// liftBan lifts the ban of target, a key or its digest, in every store's
-// zone named zone. It returns what it lifted, or the HTTP status and error
-// of a failure (404: no such zone, or no such ban).
-func liftBan(ctx context.Context, zone, target string) (*liftBody, int, error) {
-	byStore := banZones(zone)
+// liftBan lifts the ban of target, a client key or its digest, in every
+// store's zone named zone, if that zone is in scope. It returns what it
+// lifted, or the HTTP status and error of a failure (404: no such zone in
+// scope, or no such ban, with the reason). The errors never hold target:
+// they may be logged, and a key is client data.
+func liftBan(ctx context.Context, zone, target string, in scope) (*liftBody, int, error) {
+	byStore := banZones(zone, in)
 	if len(byStore) == 0 {
+		if in != nil && len(banZones(zone, nil)) > 0 {
+			return nil, http.StatusNotFound, fmt.Errorf("zone %q is not one of this server's zones: this dashboard shows and lifts the bans of its own server's zones only (the admin API, or the dashboard's `scope all`, reaches every server's)", zone)
+		}
 		return nil, http.StatusNotFound, fmt.Errorf("no zone %q with bans in the running configuration", zone)
 	}
 	out := &liftBody{Lifted: []banJSON{}}
 	var errs []string
 	for _, s := range sortedStores(byStore) {
 		z := &byStore[s][0]
-		bucket, key := z.info.buckets[0], target
 		listed, err := z.keeper.Bans(ctx, []string{zone}, limiter.MaxBanRecords)
 		if err != nil {
 			errs = append(errs, s.name+": "+err.Error())
 		}
-		if b := findBan(listed, target, z.info.digest); b != nil {
-			bucket, key = b.Bucket, b.Key
-		}
-		rec, lifted, err := z.keeper.Unban(ctx, zone, bucket, key)
-		if err != nil {
-			errs = append(errs, s.name+": "+err.Error())
-		}
-		if lifted {
-			out.Lifted = append(out.Lifted, banOf(s, z, &rec))
+		for _, c := range liftCandidates(z, listed, target) {
+			rec, lifted, err := z.keeper.Unban(ctx, zone, c.bucket, c.key)
+			if err != nil {
+				errs = append(errs, s.name+": "+err.Error())
+			}
+			if lifted {
+				out.Lifted = append(out.Lifted, banOf(s, z, &rec))
+			}
 		}
 	}
 	out.Error = strings.Join(errs, "; ")
@@ -197,8 +205,51 @@ func liftBan(ctx context.Context, zone, target string) (*liftBody, int, error) {
 		return out, 0, nil
 	case out.Error != "":
 		return nil, http.StatusBadGateway, errors.New(out.Error)
+	case mayBeDigest(target):
+		return nil, http.StatusNotFound, fmt.Errorf("no ban of that key in zone %q; if it is a key digest, a digest can only be resolved through the ban registry, which lists no ban with it (a ban the registry lost, or one that ended): name the raw key instead", zone)
 	}
-	return nil, http.StatusNotFound, fmt.Errorf("no ban of %q in zone %q", target, zone)
+	return nil, http.StatusNotFound, fmt.Errorf("no ban of that key in zone %q (tried as a raw key under each of the zone's key alternatives, as a key as the registry lists it, and as a key digest in the registry)", zone)
+}
+
+// liftTarget is a bucket key whose ban a lift tries to lift.
+type liftTarget struct{ bucket, key string }
+
+// liftCandidates returns the bans that target may name in zone z: the
+// registry's ban whose key or key digest it is when the registry lists
+// one; otherwise the key as it is (a bucket key, "2,<value>") and the keys
+// the zone makes of it as a raw value, under each of its key alternatives.
+func liftCandidates(z *banZone, listed []limiter.BanRecord, target string) []liftTarget {
+	if b := findBan(listed, target, z.info.digest); b != nil {
+		return []liftTarget{{b.Bucket, b.Key}}
+	}
+	bucket := z.info.buckets[0]
+	keys := []string{target}
+	if z.info.keys != nil {
+		for _, k := range z.info.keys(target) {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	out := make([]liftTarget, len(keys))
+	for i, k := range keys {
+		out[i] = liftTarget{bucket, k}
+	}
+	return out
+}
+
+// mayBeDigest reports whether s has the form of a key digest
+// (limiter.Digester: 12 characters of base64url).
+func mayBeDigest(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // findBan returns the listed ban whose key is target, or else whose key's
@@ -219,12 +270,12 @@ func findBan(bans []limiter.BanRecord, target string, digest limiter.Digester) *
 
 // serveBans answers the bans' routes; rest is the path after "bans/" ("" for
 // the list, "<zone>/<key>" for a lift).
-func serveBans(w http.ResponseWriter, r *http.Request, rest string) (int, error) {
+func serveBans(w http.ResponseWriter, r *http.Request, rest string, in scope) (int, error) {
 	switch {
 	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && rest == "":
-		return serveBanList(w, r)
+		return serveBanList(w, r, in)
 	case r.Method == http.MethodDelete:
-		return serveLift(w, r, rest)
+		return serveLift(w, r, rest, in)
 	case rest != "":
 		w.Header().Set("Allow", "DELETE")
 	default:
@@ -235,17 +286,17 @@ func serveBans(w http.ResponseWriter, r *http.Request, rest string) (int, error)
 
 // serveBanList answers GET /rate_limit/bans?zone=NAME&limit=N (limit 1 to
 // limiter.MaxBanRecords, default bansDefaultLimit).
-func serveBanList(w http.ResponseWriter, r *http.Request) (int, error) {
+func serveBanList(w http.ResponseWriter, r *http.Request, in scope) (int, error) {
 	limit, err := intParam(r, "limit", bansDefaultLimit, 1, limiter.MaxBanRecords, "bans")
 	if err != nil {
 		return http.StatusBadRequest, err
 	}
-	return answerJSON(w, r, collectBans(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit))
+	return answerJSON(w, r, collectBans(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit, in))
 }
 
 // serveLift answers DELETE /rate_limit/bans/<zone>/<key or digest>, and
 // DELETE /rate_limit/bans?zone=Z&key=K.
-func serveLift(w http.ResponseWriter, r *http.Request, rest string) (int, error) {
+func serveLift(w http.ResponseWriter, r *http.Request, rest string, in scope) (int, error) {
 	zone, target, ok := strings.Cut(rest, "/")
 	if rest == "" {
 		q := r.URL.Query()
@@ -257,7 +308,7 @@ func serveLift(w http.ResponseWriter, r *http.Request, rest string) (int, error)
 	if len(target) > maxLiftTarget || strings.ContainsFunc(target, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
 		return http.StatusBadRequest, errors.New("no client key or digest is that long or holds spaces or control characters")
 	}
-	body, status, err := liftBan(r.Context(), zone, target)
+	body, status, err := liftBan(r.Context(), zone, target, in)
 	if err != nil {
 		return status, err
 	}

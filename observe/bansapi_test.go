@@ -186,7 +186,7 @@ func TestBansOnSite(t *testing.T) {
 		{http.MethodPost, "/rate-limits/bans", http.StatusMethodNotAllowed},
 	} {
 		w := httptest.NewRecorder()
-		err := (observe.DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(c.method, c.target, nil), nil)
+		err := (&observe.DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(c.method, c.target, nil), nil)
 		status := w.Code
 		var he caddyhttp.HandlerError
 		if asHandlerError(err, &he) {
@@ -196,6 +196,47 @@ func TestBansOnSite(t *testing.T) {
 		}
 		if status != c.status || w.Header().Get("Location") != "" {
 			t.Errorf("%s %s: %d (Location %q), want %d", c.method, c.target, status, w.Header().Get("Location"), c.status)
+		}
+	}
+}
+
+// TestBansLiftRawKey: on the memory store, a ban is lifted by the raw key
+// the client sent, normalised as the zone normalises it: a long key (kept
+// hashed) and a second key alternative's value (in a namespace of its
+// own); a key without a ban answers 404 saying so.
+func TestBansLiftRawKey(t *testing.T) {
+	t.Parallel()
+	const zone = "unit_bans_raw"
+	h, _, _ := obsHandler(t, fmt.Sprintf(`{"key_digest_secret":%q,"zones":[{"name":%q,`+
+		`"key":["{http.request.header.X-Other}","{http.request.header.X-Key}"],"rate":1,"per":3600000000000,`+
+		`"ban":{"duration":3600000000000,"after":2,"window":60000000000}}]}`, digestSecret, zone))
+	long := "sk_live_" + strings.Repeat("0123456789", 10) // longer than a key kept as it is
+	for range 3 {
+		serve(t, h, long)
+	}
+	if l, body := listBans(t, "?zone="+zone); len(l.Bans) != 1 {
+		t.Fatalf("want one ban: %s", body)
+	}
+	w, err := adminGet(t, http.MethodDelete, "/rate_limit/bans?"+url.Values{"zone": {zone}, "key": {long}}.Encode())
+	if err != nil || !strings.Contains(w.Body.String(), `"lifted":[{`) {
+		t.Fatalf("lifting the hashed second-alternative key by its raw value: %v %s", err, w.Body.String())
+	}
+	if l, body := listBans(t, "?zone="+zone); len(l.Bans) != 0 {
+		t.Errorf("still listed: %s", body)
+	}
+	_, err = adminGet(t, http.MethodDelete, "/rate_limit/bans?"+url.Values{"zone": {zone}, "key": {long}}.Encode())
+	if apiStatus(err) != http.StatusNotFound || !strings.Contains(err.Error(), "no ban") || strings.Contains(err.Error(), long) {
+		t.Errorf("a second lift: %v, want 404 saying there is no ban, without the key", err)
+	}
+}
+
+// TestDashboardScopeValidate: the dashboard's scope is server (the
+// default) or all.
+func TestDashboardScopeValidate(t *testing.T) {
+	t.Parallel()
+	for scope, ok := range map[string]bool{"": true, "server": true, "all": true, "site": false, "ALL": false} {
+		if err := (&observe.DashboardHandler{Scope: scope}).Validate(); (err == nil) != ok {
+			t.Errorf("scope %q: %v", scope, err)
 		}
 	}
 }

@@ -44,9 +44,28 @@ func init() {
 // the path ("./<segment>/"): it cannot leave the site, whatever the path
 // (`//evil.com` is sent to `./evil.com/`, on this site).
 //
-// It has no configuration: the JSON form is
-// `{"handler": "rate_limit_dashboard"}`.
-type DashboardHandler struct{}
+// It shows and acts on the zones of its own Caddy HTTP server (the server
+// whose routes hold it) unless Scope says otherwise; the admin API's
+// /rate_limit/ shows every server's:
+//
+//	rate_limit_dashboard {
+//	    scope all
+//	}
+type DashboardHandler struct {
+	// Scope is which zones the dashboard shows (statistics, denials and
+	// bans) and whose bans it lifts: "server", those of rate_limit
+	// handlers in the same Caddy HTTP server as the dashboard, or "all",
+	// those of every server of the process. A zone of the same name on
+	// the same store in two servers is one zone (one set of buckets), and
+	// both servers' dashboards show it. Default: server.
+	Scope string `json:"scope,omitempty"`
+}
+
+// The values of DashboardHandler.Scope.
+const (
+	scopeServer = "server"
+	scopeAll    = "all"
+)
 
 // CaddyModule returns the Caddy module information.
 func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
@@ -56,8 +75,25 @@ func (DashboardHandler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// Validate checks the scope.
+func (d *DashboardHandler) Validate() error {
+	switch d.Scope {
+	case "", scopeServer, scopeAll:
+		return nil
+	}
+	return fmt.Errorf("scope must be server or all, got %q", d.Scope)
+}
+
+// scope returns the zones the dashboard serves a request about.
+func (d *DashboardHandler) scope(r *http.Request) scope {
+	if d.Scope == scopeAll {
+		return nil
+	}
+	return serverScope(r.Context().Value(caddyhttp.ServerCtxKey))
+}
+
 // ServeHTTP serves the dashboard.
-func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+func (d *DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	p := r.URL.Path
 	name := p[strings.LastIndexByte(p, '/')+1:]
 	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && name != "bans" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
@@ -65,7 +101,7 @@ func (DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 		w.WriteHeader(http.StatusPermanentRedirect)
 		return nil
 	}
-	if status, err := serveDashboard(w, r, name); err != nil {
+	if status, err := serveDashboard(w, r, name, d.scope(r)); err != nil {
 		return caddyhttp.Error(status, err)
 	}
 	return nil
@@ -88,17 +124,40 @@ func slashRedirect(u *url.URL) string {
 }
 
 // UnmarshalCaddyfile sets up the handler from `rate_limit_dashboard`, which
-// takes no arguments.
-func (*DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+// takes no arguments and an optional block:
+//
+//	rate_limit_dashboard {
+//	    scope server|all
+//	}
+func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next()
-	if d.NextArg() || d.NextBlock(0) {
+	if d.NextArg() {
 		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "scope":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			switch v := d.Val(); v {
+			case scopeServer, scopeAll:
+				h.Scope = v
+			default:
+				return d.Errf("scope must be server or all, got %q", v)
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		default:
+			return d.Errf("unknown subdirective %q of rate_limit_dashboard", d.Val())
+		}
 	}
 	return nil
 }
 
 func parseDashboardCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	var d DashboardHandler
+	d := new(DashboardHandler)
 	err := d.UnmarshalCaddyfile(h.Dispenser)
 	return d, err
 }
@@ -115,12 +174,13 @@ var dashboardFiles = map[string]string{
 }
 
 // serveDashboard serves one of the dashboard's resources by name ("" for
-// the page, "stats" for the statistics, "denials" for the denial feed), or
-// returns an error and its HTTP
-// status. The admin API and the rate_limit_dashboard handler share it.
-func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, error) {
+// the page, "stats" for the statistics, "denials" for the denial feed,
+// "bans" for the bans) about the zones in scope, or returns an error and
+// its HTTP status. The admin API and the rate_limit_dashboard handler
+// share it.
+func serveDashboard(w http.ResponseWriter, r *http.Request, name string, in scope) (int, error) {
 	if rest, ok := strings.CutPrefix(name, "bans"); ok && (rest == "" || rest[0] == '/') {
-		return serveBans(w, r, strings.TrimPrefix(rest, "/")) // bansapi.go: GET and DELETE
+		return serveBans(w, r, strings.TrimPrefix(rest, "/"), in) // bansapi.go: GET and DELETE
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -128,9 +188,9 @@ func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, e
 	}
 	switch name {
 	case "stats":
-		return serveStats(w, r)
+		return serveStats(w, r, in)
 	case "denials":
-		return serveDenials(w, r)
+		return serveDenials(w, r, in)
 	}
 	file, ok := dashboardFiles[name]
 	if !ok {
@@ -160,12 +220,12 @@ func serveDashboard(w http.ResponseWriter, r *http.Request, name string) (int, e
 	return 0, nil
 }
 
-func serveStats(w http.ResponseWriter, r *http.Request) (int, error) {
+func serveStats(w http.ResponseWriter, r *http.Request, in scope) (int, error) {
 	series, err := intParam(r, "series", seriesSeconds, 0, seriesSeconds, "seconds")
 	if err != nil {
 		return http.StatusBadRequest, err
 	}
-	return answerJSON(w, r, collectStats(r.Context(), time.Now(), series))
+	return answerJSON(w, r, collectStats(r.Context(), time.Now(), series, in))
 }
 
 // intParam returns the query parameter name of r, an integer from lo to hi,
@@ -219,6 +279,7 @@ func redisError(err error) string {
 
 // Interface guards
 var (
-	_ caddyhttp.MiddlewareHandler = DashboardHandler{}
+	_ caddyhttp.MiddlewareHandler = (*DashboardHandler)(nil)
+	_ caddy.Validator             = (*DashboardHandler)(nil)
 	_ caddyfile.Unmarshaler       = (*DashboardHandler)(nil)
 )

@@ -27,7 +27,7 @@ func TestDashboardRedirectStaysOnSite(t *testing.T) {
 	} {
 		r := httptest.NewRequest(http.MethodGet, c.target, nil)
 		w := httptest.NewRecorder()
-		if err := (DashboardHandler{}).ServeHTTP(w, r, nil); err != nil {
+		if err := (&DashboardHandler{}).ServeHTTP(w, r, nil); err != nil {
 			t.Fatalf("%s: %v", c.target, err)
 		}
 		loc := w.Header().Get("Location")
@@ -58,12 +58,12 @@ func TestDashboardRedirectStaysOnSite(t *testing.T) {
 	// nothing else than GET and HEAD is redirected.
 	for _, target := range []string{"/rate-limits/", "/rate-limits/stats", "/rate-limits/denials", "/rate-limits/dashboard.js"} {
 		w := httptest.NewRecorder()
-		if err := (DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(http.MethodGet, target, nil), nil); err != nil || w.Code != http.StatusOK {
+		if err := (&DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(http.MethodGet, target, nil), nil); err != nil || w.Code != http.StatusOK {
 			t.Errorf("%s: status %d, %v", target, w.Code, err)
 		}
 	}
 	w := httptest.NewRecorder()
-	err := (DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(http.MethodPost, "//evil.com", nil), nil)
+	err := (&DashboardHandler{}).ServeHTTP(w, httptest.NewRequest(http.MethodPost, "//evil.com", nil), nil)
 	if loc := w.Header().Get("Location"); err == nil || loc != "" {
 		t.Errorf("POST //evil.com: Location %q, error %v, want 405", loc, err)
 	}

@@ -252,15 +252,20 @@ type statsFleetStatus struct {
 	LastError  *statsError `json:"last_error,omitempty"`
 }
 
-// collectStats gathers the statistics of every zone and store in the
-// process at time now, with series seconds of per-second counts.
-func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
+// collectStats gathers the statistics of every zone in scope, and of the
+// stores they use (every store with a nil scope), at time now, with series
+// seconds of per-second counts.
+func collectStats(ctx context.Context, now time.Time, series int, in scope) *statsBody {
 	sec := now.Unix()
 	out := &statsBody{Node: nodeID, Time: now, Second: sec, Zones: []statsZone{}, Stores: []statsStore{}}
 
 	var zones []*zoneStats
+	used := map[*storeStats]bool{}
 	zoneRegistry.Range(func(_, v any) bool {
-		zones = append(zones, v.(*zoneStats))
+		if z := v.(*zoneStats); in.has(z) {
+			zones = append(zones, z)
+			used[z.store] = true
+		}
 		return true
 	})
 	// By name, then store: zones of one name on several stores are
@@ -278,7 +283,9 @@ func collectStats(ctx context.Context, now time.Time, series int) *statsBody {
 	})
 	var stores []*storeStats
 	storeRegistry.Range(func(_, v any) bool {
-		stores = append(stores, v.(*storeStats))
+		if s := v.(*storeStats); in == nil || used[s] {
+			stores = append(stores, s)
+		}
 		return true
 	})
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })

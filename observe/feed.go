@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,11 +258,23 @@ func (f *denialFeed) record(req *denialRequest) {
 // recent returns up to limit of the ring's denials, newest first, of the
 // zone named (of every zone if zone is "").
 func (f *denialFeed) recent(zone string, limit int) []Denial {
+	return f.pick(func(z string) bool { return zone == "" || z == zone }, limit)
+}
+
+// recentOf returns up to limit of the ring's denials, newest first, of the
+// zones named.
+func (f *denialFeed) recentOf(zones []string, limit int) []Denial {
+	return f.pick(func(z string) bool { return slices.Contains(zones, z) }, limit)
+}
+
+// pick returns up to limit of the ring's denials, newest first, of the
+// zones that in reports true for.
+func (f *denialFeed) pick(in func(zone string) bool, limit int) []Denial {
 	var picked []denial
 	f.mu.Lock()
 	for i := uint64(0); i < min(f.next, feedRing) && len(picked) < limit; i++ {
 		d := &f.ring[(f.next-1-i)%feedRing]
-		if zone == "" || d.zone == zone {
+		if in(d.zone) {
 			picked = append(picked, *d)
 		}
 	}

@@ -68,22 +68,24 @@ func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([
 	})
 }
 
-// collectDenials gathers the feed of every store in the process: up to
-// limit denials of the zone named (of every zone if zone is ""), newest
-// first.
-func collectDenials(ctx context.Context, now time.Time, zone string, limit int) *denialsBody {
+// collectDenials gathers the feed of every store in the process (of those
+// of the zones in scope with a scope): up to limit denials of the zone
+// named (of every zone in scope if zone is ""), newest first.
+func collectDenials(ctx context.Context, now time.Time, zone string, limit int, in scope) *denialsBody {
 	out := &denialsBody{Node: nodeID, Time: now, Stores: []storeSource{}, Denials: []denialJSON{}}
 	zonesOf := map[*storeStats][]string{}
 	zoneRegistry.Range(func(_, v any) bool {
 		z := v.(*zoneStats)
-		if !z.dead.Load() && (zone == "" || z.name == zone) {
+		if !z.dead.Load() && (zone == "" || z.name == zone) && in.has(z) {
 			zonesOf[z.store] = append(zonesOf[z.store], z.name)
 		}
 		return true
 	})
 	var stores []*storeStats
 	storeRegistry.Range(func(_, v any) bool {
-		stores = append(stores, v.(*storeStats))
+		if s := v.(*storeStats); in == nil || len(zonesOf[s]) > 0 {
+			stores = append(stores, s)
+		}
 		return true
 	})
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
@@ -102,7 +104,11 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 			}
 			src.Error = redisError(err)
 		}
-		all = append(all, s.feed.recent(zone, limit)...)
+		if in == nil {
+			all = append(all, s.feed.recent(zone, limit)...)
+		} else {
+			all = append(all, s.feed.recentOf(zonesOf[s], limit)...)
+		}
 		out.Stores = append(out.Stores, src)
 	}
 	// Each store's denials are newest first already: merged by time.
@@ -115,10 +121,10 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int) 
 
 // serveDenials answers GET /rate_limit/denials?zone=NAME&limit=N (limit 1
 // to DenialStreamLength, default feedDefaultLimit).
-func serveDenials(w http.ResponseWriter, r *http.Request) (int, error) {
+func serveDenials(w http.ResponseWriter, r *http.Request, in scope) (int, error) {
 	limit, err := intParam(r, "limit", feedDefaultLimit, 1, DenialStreamLength, "denials")
 	if err != nil {
 		return http.StatusBadRequest, err
 	}
-	return answerJSON(w, r, collectDenials(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit))
+	return answerJSON(w, r, collectDenials(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit, in))
 }

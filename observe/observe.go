@@ -22,6 +22,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
@@ -162,6 +163,8 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			digest:  cfg.Digest,
 			memory:  cfg.Memory,
 			buckets: []string{z.rule.Bucket()},
+			keys:    z.cfg.Keys,
+			server:  ctx.Value(caddyhttp.ServerCtxKey),
 		}
 		if b := z.rule.LocalBucket(); b != "" {
 			info.buckets = append(info.buckets, b)

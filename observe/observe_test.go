@@ -44,7 +44,7 @@ func provision(t *testing.T, zone string, rate int64, s testStore) *Handler {
 // zoneEntries returns the stats document's entries of a zone name.
 func zoneEntries(name string) []statsZone {
 	var out []statsZone
-	for _, z := range collectStats(context.Background(), time.Now(), 0).Zones {
+	for _, z := range collectStats(context.Background(), time.Now(), 0, nil).Zones {
 		if z.Name == name {
 			out = append(out, z)
 		}

@@ -59,6 +59,13 @@ type zoneInfo struct {
 	// or the local fallback buckets), named buckets there; nil if none.
 	memory  *limiter.MemoryStore
 	buckets []string
+	// keys normalises a raw client key as the zone does (ZoneConfig.Keys);
+	// nil when the zone has no key alternative.
+	keys func(string) []string
+	// server is the Caddy HTTP server (*caddyhttp.Server) the handler
+	// serves in, nil when it was provisioned outside one: a dashboard of
+	// scope server shows the zones its own server's handlers hold.
+	server any
 }
 
 // evictions returns how many of the zone's buckets this process's memory
@@ -147,6 +154,19 @@ func (z *zoneStats) release(info *zoneInfo) {
 		newest = z.holders[n-1]
 	}
 	z.info.Store(newest)
+}
+
+// heldIn reports whether a handler of the Caddy HTTP server srv holds the
+// zone's stats.
+func (z *zoneStats) heldIn(srv any) bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	for _, h := range z.holders {
+		if h.server == srv {
+			return true
+		}
+	}
+	return false
 }
 
 // Destruct drops the zone's metric series: the zone has left the
