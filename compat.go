@@ -3,7 +3,7 @@ package fleetlimit
 // What is here only for mholt/caddy-ratelimit's sake: its options and its
 // JSON form of the zones, which fleetlimit accepts so that that plugin's
 // configurations load unchanged (the Caddyfile forms are in caddyfile.go,
-// the window and events form of a limit in algorithm.go).
+// the window and events form of a limit in zonerule.go).
 
 import (
 	"errors"
