@@ -15,7 +15,53 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
+
+// LegacyDistributed is caddy-ratelimit's distributed block, kept only so
+// that its configurations load.
+type LegacyDistributed struct {
+	// ReadInterval is how often that plugin read the other instances'
+	// states from storage. Ignored: Redis is read on every decision.
+	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
+	// WriteInterval is how often that plugin wrote its state to storage.
+	// Ignored: Redis is written on every decision.
+	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
+	// PurgeAge is how old that plugin let a stored state grow before
+	// deleting it. Ignored: every bucket in Redis expires when full.
+	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
+}
+
+// LegacyRateLimit is one zone of mholt/caddy-ratelimit's JSON form (see
+// Handler.RateLimits), with that plugin's field names.
+type LegacyRateLimit struct {
+	// MatcherSetsRaw limits the zone to matching requests. Default: all
+	// requests that reach the handler.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Key is a placeholder expression naming the client. Default: none,
+	// so one bucket is shared by every request of the zone, as in that
+	// plugin (whose key defaulted to the empty, static string).
+	Key string `json:"key,omitempty"`
+
+	// Window is the sliding window: a Caddy duration, in nanoseconds or
+	// a string such as "1m". Required.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// MaxEvents is the most requests admitted in any Window. Required,
+	// at least 1.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// IPv4Prefix makes keys that are IPv4 addresses share a bucket per
+	// network of this many bits, as Zone.IPv4Prefix. Default: 32.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix makes keys that are IPv6 addresses share a bucket per
+	// network of this many bits, as Zone.IPv6Prefix. Default: 128.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+}
 
 // validateCompat checks caddy-ratelimit's options and its rate_limits (for
 // Handler.validate).
@@ -29,7 +75,7 @@ func (h *Handler) validateCompat() error {
 	if len(h.RateLimits) == 0 {
 		return nil
 	}
-	if len(h.Zones) > 0 {
+	if len(h.Zones) > 0 && !h.fromRateLimits {
 		return errors.New(`both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set; ` +
 			`give every zone in one of them`)
 	}
@@ -107,6 +153,7 @@ func (h *Handler) translateRateLimits() error {
 		}
 		h.Zones = append(h.Zones, z)
 	}
+	h.fromRateLimits = true
 	return nil
 }
 

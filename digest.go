@@ -27,9 +27,9 @@ const digestSecretKey = "rate_limit/key_digest_secret"
 // then change on restart and differ between nodes), and a warning says so.
 func (h *Handler) provisionDigester(ctx caddy.Context) error {
 	if h.KeyDigestSecret != "" {
-		secret := caddy.NewReplacer().ReplaceKnown(h.KeyDigestSecret, "")
-		if secret == "" {
-			return errors.New("key_digest_secret is empty once its placeholders are replaced")
+		secret, err := h.digestSecret()
+		if err != nil {
+			return err
 		}
 		h.digest = limiter.NewDigester([]byte(secret))
 		return nil
@@ -45,6 +45,16 @@ func (h *Handler) provisionDigester(ctx caddy.Context) error {
 	}
 	h.digest = limiter.NewDigester(secret)
 	return nil
+}
+
+// digestSecret returns KeyDigestSecret with its placeholders expanded,
+// which must leave a secret.
+func (h *Handler) digestSecret() (string, error) {
+	secret := caddy.NewReplacer().ReplaceKnown(h.KeyDigestSecret, "")
+	if secret == "" {
+		return "", errors.New("key_digest_secret is empty once its placeholders are replaced")
+	}
+	return secret, nil
 }
 
 // storedDigestSecret loads the key digests' secret from Caddy's storage,

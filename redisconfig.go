@@ -16,6 +16,106 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
+// RedisConfig connects the handler to Redis. Handlers with the same
+// connection settings share one client, which survives config reloads.
+type RedisConfig struct {
+	// Address is the server's host:port.
+	Address string `json:"address,omitempty"`
+	// Addresses are the seed nodes of a Redis Cluster (any reachable
+	// node will do; the client discovers the rest).
+	Addresses []string `json:"addresses,omitempty"`
+	// Cluster selects Redis Cluster with a single seed Address. Several
+	// addresses always mean a Cluster.
+	Cluster bool `json:"cluster,omitempty"`
+	// SentinelMaster is the master name that Redis Sentinel monitors:
+	// set, the sentinels of SentinelAddresses tell the client where the
+	// master is, also after a failover (instead of Address).
+	SentinelMaster string `json:"sentinel_master,omitempty"`
+	// SentinelAddresses are the sentinels' host:port, with
+	// SentinelMaster ({env.*} placeholders are expanded).
+	SentinelAddresses []string `json:"sentinel_addresses,omitempty"`
+	// SentinelUsername is the ACL user on the sentinels, if they need one
+	// ({env.*} placeholders are expanded).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	// SentinelPassword authenticates to the sentinels ({env.*}
+	// placeholders are expanded). It is never logged.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+	// Username is the ACL user; {env.*} placeholders are expanded.
+	Username string `json:"username,omitempty"`
+	// Password authenticates; {env.*} placeholders are expanded. It is
+	// never logged.
+	Password string `json:"password,omitempty"`
+	// DB is the database number (not with a Cluster). Default: 0.
+	DB int `json:"db,omitempty"`
+	// TLS encrypts every connection (servers and sentinels).
+	TLS *RedisTLS `json:"tls,omitempty"`
+	// PoolSize is the most connections per Redis server and node.
+	// Default: pipelines + 2 (one per pipeline, and two for the rest:
+	// script loads, health checks, the fleet view).
+	PoolSize int `json:"pool_size,omitempty"`
+	// Pipelines is how many round trips to Redis a node keeps in flight at
+	// once. The decisions that arrive while they are all out wait and go
+	// together in the next one, as one script call. Default: 1, the least
+	// CPU per decision on the node and in Redis; raise it for a distant
+	// Redis, where a decision would otherwise wait up to a long round trip
+	// for the one in flight.
+	Pipelines int `json:"pipelines,omitempty"`
+	// DialTimeout bounds opening a connection. Default: 1s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+	// Protocol is the RESP version, 2 or 3. Default: 3, falling back to 2
+	// when the server does not speak 3.
+	Protocol int `json:"protocol,omitempty"`
+	// DisableIdentity skips CLIENT SETINFO on connect, for proxies and
+	// managed services that reject it (use with protocol 2 for those that
+	// reject HELLO too).
+	DisableIdentity bool `json:"disable_identity,omitempty"`
+	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// Timeout is how long a decision waits for Redis, counted in the time
+	// this node was able to run, before each zone applies its on_error
+	// policy. A node whose CPUs are saturated reads Redis' replies late,
+	// and a Redis that has been answering slowly lately is given the time
+	// it has been taking: neither is a failure, and the decision waits
+	// (up to MaxWait) rather than letting requests through. Default: 25ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// MaxWait is the most a decision waits for Redis in wall time however
+	// starved the node (a node frozen meanwhile first gets Timeout of
+	// running time; never more than twice MaxWait). Default: 1s.
+	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+	// DenyCacheSize is how many denied buckets each node remembers, to
+	// deny a flood on them without asking Redis until a token can be
+	// there again (exact: tokens cannot appear sooner). Default: 65536.
+	DenyCacheSize int `json:"deny_cache_size,omitempty"`
+	// BreakerFailures is how many consecutive failed round trips to Redis
+	// (however many decisions each carried) open the circuit breaker,
+	// after which Redis is not called for
+	// BreakerCooldown and every zone applies its failure policy at once.
+	// Default: 5.
+	BreakerFailures int `json:"breaker_failures,omitempty"`
+	// BreakerCooldown is how long an open breaker keeps decisions away
+	// from Redis; then one request probes it, and its success closes the
+	// breaker. Default: 1s.
+	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust. Default:
+	// the system's.
+	CA string `json:"ca,omitempty"`
+	// Cert is a PEM file of a client certificate, for servers that
+	// require one; with Key. Read again at every config load, so that a
+	// certificate rotated in place is used after a reload.
+	Cert string `json:"cert,omitempty"`
+	// Key is the PEM file of Cert's private key.
+	Key string `json:"key,omitempty"`
+	// ServerName is the name to verify in the server's certificate.
+	// Default: the host of the address.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
 // redisOptions are the resolved connection settings of a RedisConfig.
 type redisOptions struct {
 	limiter.RedisOptions

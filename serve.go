@@ -2,11 +2,9 @@ package fleetlimit
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,162 +16,12 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
+// The request path: a request's zones decided together, then the rate
+// limit fields, a denial's answer, a leaky bucket's wait.
+
 // statusClientClosed is the status logged for a request whose client went
 // away before it was decided (nginx's 499, as Caddy's reverse proxy uses).
 const statusClientClosed = 499
-
-// Provision checks the configuration (validate), then sets up the zones,
-// the store, the observability and the limiter.
-func (h *Handler) Provision(ctx caddy.Context) error {
-	if h.logger == nil { // tests may set their own
-		h.logger = ctx.Logger()
-	}
-	if err := h.validate(); err != nil {
-		return err
-	}
-	if err := h.provisionDigester(ctx); err != nil {
-		return err
-	}
-	h.headers, _ = parseHeaderMode(h.Headers)
-	if err := h.provisionDenials(); err != nil {
-		return err
-	}
-	h.provisionDenialAnswer(ctx)
-	if err := h.provisionCompat(); err != nil {
-		return err
-	}
-	if err := h.provisionZones(ctx); err != nil {
-		return err
-	}
-	h.provisionDryRun()
-	store, key, err := h.provisionStore()
-	if err != nil {
-		return err
-	}
-	h.poolKey = key
-	opt, err := h.limiterOptions()
-	if err != nil {
-		return err
-	}
-	if err := h.provisionObservability(ctx, store, opt.Local); err != nil {
-		return err
-	}
-	opt.Observer = h.obs.Observer()
-	opt.FleetSize = h.obs.FleetSize
-	h.limiter = limiter.New(store, opt)
-	return nil
-}
-
-// provisionZones provisions every zone (caddy-ratelimit's rate_limits
-// among them, once translated) and the handler's RateLimit-Policy field.
-func (h *Handler) provisionZones(ctx caddy.Context) error {
-	policies := make([]string, 0, len(h.Zones))
-	for _, z := range h.Zones {
-		z.allDryRun = h.DryRun
-		if err := z.provision(ctx); err != nil {
-			return fmt.Errorf("zone %q: %w", z.Name, err)
-		}
-		h.anyMatch = h.anyMatch || len(z.matchers) > 0
-		h.varyPolicy = h.varyPolicy || z.rules != nil || z.rule.DryRun()
-		if !z.rule.DryRun() {
-			policies = append(policies, z.base.policy)
-		}
-	}
-	h.policy = strings.Join(policies, ", ")
-	return nil
-}
-
-// limiterOptions returns the limiter's options: the deny cache of a Redis
-// store, and the memory store of the local fallback buckets when a zone
-// has the local policy.
-func (h *Handler) limiterOptions() (limiter.Options, error) {
-	opt := limiter.Options{Log: h.logger}
-	if h.Redis != nil {
-		// A new configuration starts with an empty cache: its rules
-		// may differ.
-		opt.Cache = limiter.NewDenyCache(limiter.DenyCacheOptions{Size: h.Redis.DenyCacheSize})
-	}
-	for _, z := range h.Zones {
-		if z.rule.OnError() == limiter.PolicyLocal && opt.Local == nil {
-			// The fallback buckets live in this node's memory store,
-			// which outlives reloads like the Redis client does.
-			local, err := h.loadMemoryStore()
-			if err != nil {
-				return opt, err
-			}
-			h.localKey, opt.Local = memoryPoolKey, local
-		}
-	}
-	return opt, nil
-}
-
-// provisionObservability sets up the placeholders, events, metrics and
-// statistics of the handler and its zones (released by Cleanup).
-func (h *Handler) provisionObservability(ctx caddy.Context, store, local limiter.Store) error {
-	rules := make([]*limiter.Rule, len(h.Zones))
-	zones := make([]observe.ZoneConfig, len(h.Zones))
-	for i, z := range h.Zones {
-		rules[i], zones[i] = z.rule, z.observeConfig()
-	}
-	obs, err := observe.New(ctx, observe.Config{
-		Rules:          rules,
-		Zones:          zones,
-		Store:          store,
-		StoreKey:       h.poolKey,
-		StoreName:      h.storeName(),
-		Memory:         memoryOf(store, local),
-		Digest:         h.digest,
-		LogKey:         h.LogKey,
-		DisableMetrics: h.DisableMetrics,
-	})
-	if err != nil {
-		return err
-	}
-	h.obs = obs
-	for i, z := range h.Zones {
-		z.obs = obs.Zone(i)
-	}
-	return nil
-}
-
-// memoryOf returns the memory store among a handler's store and its store
-// of local fallback buckets, or nil.
-func memoryOf(stores ...limiter.Store) *limiter.MemoryStore {
-	for _, s := range stores {
-		if m, ok := s.(*limiter.MemoryStore); ok {
-			return m
-		}
-	}
-	return nil
-}
-
-// Validate checks the configuration after provisioning.
-func (h *Handler) Validate() error {
-	if h.limiter == nil {
-		return errors.New("not provisioned")
-	}
-	return nil
-}
-
-// Cleanup releases the stores; the last handler using one closes it.
-func (h *Handler) Cleanup() error {
-	var err error
-	if h.limiter != nil {
-		h.limiter.Close() // gives back prefetched spares while the store is open
-	}
-	if h.obs != nil {
-		err = h.obs.Cleanup() // first: it may stop a reporter using the store
-	}
-	h.releaseMemorySettings()
-	for _, key := range []string{h.poolKey, h.localKey} {
-		if key != "" {
-			if _, e := stores.Delete(key); e != nil {
-				err = e
-			}
-		}
-	}
-	return err
-}
 
 // maxInlineZones is how many zones a request can have without the handler
 // allocating its scratch space.
@@ -201,27 +49,6 @@ type scratch struct {
 
 // scratchPool recycles the scratch space of decisions.
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
-
-// ServeHTTP decides the request against every zone that applies to it, and
-// passes it on when every zone admits it.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	sc := scratchPool.Get().(*scratch)
-	pass, err := h.limit(w, r, sc)
-	if pass && sc.held {
-		return h.serveHeld(w, r, next, sc)
-	}
-	if sc.held {
-		// Admitted, but ended before it was passed on (its client left
-		// while a leaky bucket delayed it): give back what it holds.
-		h.release(sc, statusClientClosed)
-	}
-	*sc = scratch{} // drop the keys and zones it refers to
-	scratchPool.Put(sc)
-	if !pass {
-		return err
-	}
-	return next.ServeHTTP(w, r)
-}
 
 // limit decides a request, writes the rate limit fields, and reports
 // whether it may pass, or the error that answers it.
@@ -488,11 +315,3 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, zones []*Zone, re
 		return caddyhttp.Error(499, errClientGone)
 	}
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
-	_ caddy.CleanerUpper          = (*Handler)(nil)
-	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
-)
