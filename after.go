@@ -17,20 +17,20 @@ import (
 
 // hold records, for an admitted request, what its zones hold until the
 // response is written.
-func (sc *scratch) hold(outcome limiter.Outcome, reqs []limiter.Request, zones []*Zone, results []limiter.Result) {
-	for i := range reqs {
-		if !charged(&reqs[i], &results[i]) {
+func (sc *scratch) hold(outcome limiter.Outcome, ds []zoneDecision) {
+	for i := range ds {
+		if !charged(&ds[i].req, &ds[i].res) {
 			continue
 		}
-		if reqs[i].Rule.Algorithm() == limiter.Concurrency {
+		if ds[i].req.Rule.Algorithm() == limiter.Concurrency {
 			sc.held = true
 		}
-		if zones[i].countStatus {
+		if ds[i].zone.countStatus {
 			sc.held, sc.countStatus = true, true
 		}
 	}
 	if sc.held {
-		sc.outcome, sc.reqList, sc.zoneList, sc.resultList = outcome, reqs, zones, results
+		sc.outcome, sc.heldList = outcome, ds
 	}
 }
 
@@ -72,8 +72,8 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) release(sc *scratch, status int) {
 	var reqs []limiter.Request
 	var results []limiter.Result
-	for i := range sc.reqList {
-		q, res, z := &sc.reqList[i], &sc.resultList[i], sc.zoneList[i]
+	for i := range sc.heldList {
+		q, res, z := &sc.heldList[i].req, &sc.heldList[i].res, sc.heldList[i].zone
 		if !charged(q, res) {
 			continue
 		}

@@ -75,15 +75,15 @@ func (z *Zone) unmarshalBan(d *caddyfile.Dispenser) error {
 
 // logBanStarts logs, at info, each ban that a request's denial started (a
 // dry run's would-be ban is logged with its would-be denial).
-func (h *Handler) logBanStarts(r *http.Request, reqs []limiter.Request, zones []*Zone, results []limiter.Result) {
-	for i := range results {
-		res := &results[i]
-		if !res.BanStarted || res.DryRun {
+func (h *Handler) logBanStarts(r *http.Request, ds []zoneDecision) {
+	for i := range ds {
+		d := &ds[i]
+		if !d.res.BanStarted || d.res.DryRun {
 			continue
 		}
 		if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
-			ban := reqs[i].Rule.Ban()
-			ce.Write(zap.String("zone", zones[i].Name), h.keyField(reqs[i].Key), zap.String("remote_ip", remoteIP(r)),
+			ban := d.req.Rule.Ban()
+			ce.Write(zap.String("zone", d.zone.Name), h.keyField(d.req.Key), zap.String("remote_ip", remoteIP(r)),
 				zap.Duration("duration", ban.Duration), zap.Int64("after", ban.After), zap.Duration("window", ban.Window))
 		}
 	}

@@ -228,17 +228,15 @@ func BenchmarkHeaders(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				zones := h.Zones[:n]
-				applied := make([]*appliedRule, n)
-				reqs := make([]limiter.Request, n)
-				for i, z := range zones {
-					applied[i], reqs[i] = z.base, limiter.Request{Rule: z.rule}
+				ds := make([]zoneDecision, n)
+				for i, z := range h.Zones[:n] {
+					ds[i] = zoneDecision{zone: z, applied: z.base, req: limiter.Request{Rule: z.rule}, res: results[i]}
 				}
-				policy := policyOf(applied, reqs)
+				policy := policyOf(ds)
 				hdr := make(http.Header)
 				b.ReportAllocs()
 				for b.Loop() {
-					m.write(hdr, zones, applied, results[:n], policy, noRetryAfter)
+					m.write(hdr, ds, policy, noRetryAfter)
 				}
 			})
 		}

@@ -13,8 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // deniedMessage is the message of a denial's log line, caddy-ratelimit's.
@@ -109,7 +107,7 @@ func (h *Handler) provisionDenials() error {
 // logDenials logs the zones that denied a request, as log_denials says:
 // wait is the wait Retry-After gives (jitter included), as caddy-ratelimit
 // logged it, and each zone's own wait is its retry_after.
-func (h *Handler) logDenials(r *http.Request, reqs []limiter.Request, zones []*Zone, results []limiter.Result, wait time.Duration) {
+func (h *Handler) logDenials(r *http.Request, ds []zoneDecision, wait time.Duration) {
 	lvl := zapcore.DebugLevel
 	switch h.denials.level {
 	case denialsOff:
@@ -117,8 +115,9 @@ func (h *Handler) logDenials(r *http.Request, reqs []limiter.Request, zones []*Z
 	case denialsInfo:
 		lvl = zapcore.InfoLevel
 	}
-	for i, res := range results {
-		if res.Allowed { // Unknown results are Allowed too
+	for i := range ds {
+		d := &ds[i]
+		if d.res.Allowed { // Unknown results are Allowed too
 			continue
 		}
 		ce := h.logger.Check(lvl, deniedMessage)
@@ -126,7 +125,7 @@ func (h *Handler) logDenials(r *http.Request, reqs []limiter.Request, zones []*Z
 			return
 		}
 		if t := h.denials.throttle; t != nil {
-			ok, dropped := t.admit(zones[i].Name, reqs[i].Key, h.now().Unix())
+			ok, dropped := t.admit(d.zone.Name, d.req.Key, h.now().Unix())
 			if dropped > 0 {
 				h.logger.Info("rate limit denials left out of the log",
 					zap.Int64("count", dropped), zap.Int("max_lines_per_second", denialShards*denialShardKeys))
@@ -135,8 +134,8 @@ func (h *Handler) logDenials(r *http.Request, reqs []limiter.Request, zones []*Z
 				continue
 			}
 		}
-		ce.Write(zap.String("zone", zones[i].Name), zap.Duration("wait", wait), zap.String("remote_ip", remoteIP(r)),
-			h.keyField(reqs[i].Key), zap.Int64("cost", reqs[i].Cost), zap.Duration("retry_after", res.RetryAfter))
+		ce.Write(zap.String("zone", d.zone.Name), zap.Duration("wait", wait), zap.String("remote_ip", remoteIP(r)),
+			h.keyField(d.req.Key), zap.Int64("cost", d.req.Cost), zap.Duration("retry_after", d.res.RetryAfter))
 	}
 }
 

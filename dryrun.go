@@ -26,13 +26,13 @@ func (h *Handler) provisionDryRun() {
 }
 
 // logDryRuns logs the dry-run zones that would have denied a request.
-func (h *Handler) logDryRuns(r *http.Request, reqs []limiter.Request, zones []*Zone, results []limiter.Result) {
+func (h *Handler) logDryRuns(r *http.Request, ds []zoneDecision) {
 	t := h.dryRunLog
 	if t == nil {
 		return
 	}
-	for i := range results {
-		res := &results[i]
+	for i := range ds {
+		d, res := &ds[i], &ds[i].res
 		if !res.DryRun {
 			continue
 		}
@@ -40,15 +40,15 @@ func (h *Handler) logDryRuns(r *http.Request, reqs []limiter.Request, zones []*Z
 		if ce == nil {
 			return
 		}
-		ok, dropped := t.admit(zones[i].Name, reqs[i].Key, h.now().Unix())
+		ok, dropped := t.admit(d.zone.Name, d.req.Key, h.now().Unix())
 		if dropped > 0 {
 			h.logger.Info("rate limit dry-run lines left out of the log", zap.Int64("count", dropped))
 		}
 		if !ok {
 			continue
 		}
-		fields := []zap.Field{zap.String("zone", zones[i].Name), zap.String("remote_ip", remoteIP(r)),
-			h.keyField(reqs[i].Key), zap.Int64("cost", reqs[i].Cost), zap.Bool("banned", res.Banned)}
+		fields := []zap.Field{zap.String("zone", d.zone.Name), zap.String("remote_ip", remoteIP(r)),
+			h.keyField(d.req.Key), zap.Int64("cost", d.req.Cost), zap.Bool("banned", res.Banned)}
 		if res.RetryAfter != limiter.Never {
 			fields = append(fields, zap.Duration("retry_after", res.RetryAfter))
 		}

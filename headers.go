@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-
-	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // headerMode selects the rate limit header fields written on responses.
@@ -48,17 +46,17 @@ func parseHeaderMode(s string) (headerMode, error) {
 // policy does not vary (see Handler.limit).
 //
 //go:noinline
-func policyOf(applied []*appliedRule, reqs []limiter.Request) string {
+func policyOf(ds []zoneDecision) string {
 	var buf [256]byte
 	b := buf[:0]
-	for i, ap := range applied {
-		if reqs[i].Rule.DryRun() {
+	for i := range ds {
+		if ds[i].req.Rule.DryRun() {
 			continue
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = append(b, ap.policy...)
+		b = append(b, ds[i].applied.policy...)
 	}
 	return string(b)
 }
@@ -77,10 +75,10 @@ const noRetryAfter int64 = -1
 // the RateLimit-Policy value: every zone that applies to the request (a
 // zone left unconsulted by a cached denial is in the policy but not in
 // RateLimit).
-func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, results []limiter.Result, policy string, retryAfter int64) {
+func (m headerMode) write(h http.Header, ds []zoneDecision, policy string, retryAfter int64) {
 	ietf := m == headersBoth || m == headersIETF
 	legacy := m == headersBoth || m == headersLegacy
-	if len(zones) == 0 {
+	if len(ds) == 0 {
 		ietf, legacy = false, false
 	}
 	n := 0
@@ -104,30 +102,30 @@ func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, 
 	b := buf[:0]
 	rateLimit := 0 // the RateLimit value is b[:rateLimit]
 	if ietf {
-		for i, z := range zones {
+		for i := range ds {
 			if i > 0 {
 				b = append(b, ", "...)
 			}
 			b = append(b, '"')
-			b = append(b, z.Name...)
+			b = append(b, ds[i].zone.Name...)
 			b = append(b, `";r=`...)
-			b = strconv.AppendInt(b, results[i].Remaining, 10)
+			b = strconv.AppendInt(b, ds[i].res.Remaining, 10)
 			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, retryAfterSeconds(results[i].ResetAfter), 10)
+			b = strconv.AppendInt(b, retryAfterSeconds(ds[i].res.ResetAfter), 10)
 		}
 		rateLimit = len(b)
 	}
 	least := 0
 	remaining, reset := rateLimit, rateLimit // X-RateLimit-Remaining is b[rateLimit:remaining], -Reset b[remaining:reset]
 	if legacy {
-		for i := range results {
-			if results[i].Remaining < results[least].Remaining {
+		for i := range ds {
+			if ds[i].res.Remaining < ds[least].res.Remaining {
 				least = i
 			}
 		}
-		b = strconv.AppendInt(b, results[least].Remaining, 10)
+		b = strconv.AppendInt(b, ds[least].res.Remaining, 10)
 		remaining = len(b)
-		b = strconv.AppendInt(b, retryAfterSeconds(results[least].ResetAfter), 10)
+		b = strconv.AppendInt(b, retryAfterSeconds(ds[least].res.ResetAfter), 10)
 		reset = len(b)
 	}
 	if retryAfter != noRetryAfter {
@@ -141,7 +139,7 @@ func (m headerMode) write(h http.Header, zones []*Zone, applied []*appliedRule, 
 		i = 2
 	}
 	if legacy {
-		vals[i], vals[i+1], vals[i+2] = applied[least].rateText, text[rateLimit:remaining], text[remaining:reset]
+		vals[i], vals[i+1], vals[i+2] = ds[least].applied.rateText, text[rateLimit:remaining], text[remaining:reset]
 		h[hdrLegacyLimit], h[hdrLegacyRemaining], h[hdrLegacyReset] = vals[i:i+1:i+1], vals[i+1:i+2:i+2], vals[i+2:i+3:i+3]
 		i += 3
 	}

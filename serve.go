@@ -27,21 +27,30 @@ const statusClientClosed = 499
 // allocating its scratch space.
 const maxInlineZones = 8
 
+// zoneDecision is one zone's part in a request's decision: the zone, the
+// rule the request applies in it, what was asked of the limiter (rule,
+// key, cost, reserve; the slot once decided) and its answer. The zone's
+// observer is zone.obs.
+type zoneDecision struct {
+	zone    *Zone
+	applied *appliedRule
+	req     limiter.Request
+	res     limiter.Result
+}
+
 // scratch is the space one request's decision works in, recycled so that
 // a decision allocates nothing for it.
 type scratch struct {
+	decisions [maxInlineZones]zoneDecision
+	// The lists that the limiter and the observer take, built from the
+	// decisions (see views).
 	reqs    [maxInlineZones]limiter.Request
 	results [maxInlineZones]limiter.Result
-	zones   [maxInlineZones]*Zone
-	applied [maxInlineZones]*appliedRule
-	obs     [maxInlineZones]*observe.Zone // the zones' observability
+	obs     [maxInlineZones]*observe.Zone
 
-	// A decision's lists (into the arrays above, or beyond them), kept
-	// for what happens after the response (see held).
-	reqList    []limiter.Request
-	resultList []limiter.Result
-	zoneList   []*Zone
-	outcome    limiter.Outcome
+	// A decision, kept for what happens after the response (see hold).
+	heldList []zoneDecision
+	outcome  limiter.Outcome
 	// held: a zone holds something until the response is written (a
 	// concurrency slot, or a charge that count_status may give back).
 	held, countStatus bool
@@ -50,11 +59,24 @@ type scratch struct {
 // scratchPool recycles the scratch space of decisions.
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
+// views returns the lists that the limiter and the observer take for the
+// decisions: their requests, room for their results, and their zones'
+// observers (in the scratch arrays, or beyond them).
+func (sc *scratch) views(ds []zoneDecision) ([]limiter.Request, []limiter.Result, []*observe.Zone) {
+	reqs, results, obs := sc.reqs[:0], sc.results[:0], sc.obs[:0]
+	for i := range ds {
+		reqs = append(reqs, ds[i].req)
+		results = append(results, limiter.Result{})
+		obs = append(obs, ds[i].zone.obs)
+	}
+	return reqs, results, obs
+}
+
 // limit decides a request, writes the rate limit fields, and reports
 // whether it may pass, or the error that answers it.
 func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	reqs, zones, applied, obs := sc.reqs[:0], sc.zones[:0], sc.applied[:0], sc.obs[:0]
+	ds := sc.decisions[:0]
 	for _, z := range h.Zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -77,58 +99,54 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		if err != nil {
 			return false, caddyhttp.Error(http.StatusInternalServerError, err)
 		}
-		reqs = append(reqs, limiter.Request{Rule: ap.rule, Key: z.keyOf(r, repl), Cost: cost, Reserve: reserve})
-		zones = append(zones, z)
-		applied = append(applied, ap)
-		obs = append(obs, z.obs)
+		ds = append(ds, zoneDecision{zone: z, applied: ap,
+			req: limiter.Request{Rule: ap.rule, Key: z.keyOf(r, repl), Cost: cost, Reserve: reserve}})
 	}
-	if len(reqs) == 0 {
+	if len(ds) == 0 {
 		return true, nil
 	}
-	results := sc.results[:]
-	if len(reqs) > len(results) {
-		results = make([]limiter.Result, len(reqs))
-	}
-	results = results[:len(reqs)]
-
+	reqs, results, obs := sc.views(ds)
 	outcome := h.limiter.Decide(r.Context(), reqs, results)
 	if outcome == limiter.Canceled {
 		// The client went away before the decision: neither a decision
 		// nor a store failure, and nobody to answer.
 		return false, caddyhttp.Error(statusClientClosed, r.Context().Err())
 	}
+	for i := range ds {
+		ds[i].req, ds[i].res = reqs[i], results[i] // Decide gives slots to concurrency requests
+	}
 	// Before shown() drops the zones a cached denial left unconsulted.
 	admitted := outcome == limiter.Allowed || outcome == limiter.LocalAllowed
 	var den denier // the zone that answers a denial
 	exceeded := ""
 	if !admitted && outcome != limiter.FailedOpen && outcome != limiter.FailedClosed {
-		den = denierOf(zones, results)
+		den = denierOf(ds)
 		exceeded = den.zone.Name
 	}
 	h.obs.Decided(r, repl, outcome, obs, reqs, results, exceeded)
-	h.logDryRuns(r, reqs, zones, results)
-	h.logBanStarts(r, reqs, zones, results)
+	h.logDryRuns(r, ds)
+	h.logBanStarts(r, ds)
 	switch outcome {
 	case limiter.FailedOpen:
 		return true, nil
 	case limiter.FailedClosed:
-		return false, h.unavailable(w, results)
+		return false, h.unavailable(w, ds)
 	}
 	if admitted {
-		sc.hold(outcome, reqs, zones, results)
+		sc.hold(outcome, ds)
 	}
 	// The policy names every enforced zone that applies; the current
 	// state only the zones that were consulted.
 	policy := h.policy
-	if h.varyPolicy || len(zones) != len(h.Zones) {
-		policy = policyOf(applied, reqs)
+	if h.varyPolicy || len(ds) != len(h.Zones) {
+		policy = policyOf(ds)
 	}
-	sreqs, szones, sapplied, sresults := shown(reqs, zones, applied, results)
+	reported := shown(ds)
 	if !admitted {
-		return false, h.deny(w, r, den, sreqs, szones, sapplied, sresults, policy)
+		return false, h.deny(w, r, den, reported, policy)
 	}
-	h.headers.write(w.Header(), szones, sapplied, sresults, policy, noRetryAfter)
-	if err := h.wait(w, r, szones, sresults); err != nil {
+	h.headers.write(w.Header(), reported, policy, noRetryAfter)
+	if err := h.wait(w, r, reported); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -141,10 +159,10 @@ var errUnavailable = errors.New("rate limit store unavailable; the zone fails cl
 // unavailable answers a request that a zone with the deny policy rejected
 // because the store failed: 503, and Retry-After for when the store may be
 // back (the circuit breaker's cooldown, at least a second).
-func (h *Handler) unavailable(w http.ResponseWriter, results []limiter.Result) error {
+func (h *Handler) unavailable(w http.ResponseWriter, ds []zoneDecision) error {
 	var retry time.Duration
-	for _, res := range results {
-		if !res.Allowed {
+	for i := range ds {
+		if res := &ds[i].res; !res.Allowed {
 			retry = max(retry, res.RetryAfter)
 		}
 	}
@@ -162,18 +180,19 @@ type denier struct {
 }
 
 // denierOf returns the denier of a request that zones denied.
-func denierOf(zones []*Zone, results []limiter.Result) denier {
+func denierOf(ds []zoneDecision) denier {
 	var d denier
-	for i, res := range results {
+	for i := range ds {
+		res := &ds[i].res
 		if res.Allowed { // Unknown results are Allowed too
 			continue
 		}
 		if d.zone == nil {
-			d.zone = zones[i]
+			d.zone = ds[i].zone
 		}
 		if res.RetryAfter == limiter.Never {
 			d.never = true
-			d.zone = zones[i]
+			d.zone = ds[i].zone
 		}
 		d.retry = max(d.retry, res.RetryAfter)
 	}
@@ -185,25 +204,24 @@ func denierOf(zones []*Zone, results []limiter.Result) denier {
 // the log lines of log_denials, and a 429: a handler error, or written
 // here when nothing would see the error (see provisionDenialAnswer), in
 // which case it returns nil.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, reqs []limiter.Request, zones []*Zone,
-	applied []*appliedRule, results []limiter.Result, policy string) error {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, ds []zoneDecision, policy string) error {
 	first := den.zone
 	err, retryAfter := first.errDenied, noRetryAfter
 	if den.never {
-		h.logDenials(r, reqs, zones, results, den.retry)
+		h.logDenials(r, ds, den.retry)
 		err = first.errNever
 	} else {
 		wait := h.jitter(den.retry)
-		h.logDenials(r, reqs, zones, results, wait)
+		h.logDenials(r, ds, wait)
 		retryAfter = retryAfterSeconds(wait)
-		for i := range results {
-			if results[i].Banned && zones[i] == first {
+		for i := range ds {
+			if ds[i].res.Banned && ds[i].zone == first {
 				err = first.errBanned
 				break
 			}
 		}
 	}
-	h.headers.write(w.Header(), zones, applied, results, policy, retryAfter)
+	h.headers.write(w.Header(), ds, policy, retryAfter)
 	if h.denials.asError {
 		return denial(err)
 	}
@@ -236,34 +254,29 @@ func errorID() string {
 	return string(b[:])
 }
 
-// shown returns the zones whose state a response reports: those consulted
-// (a cached denial leaves the others unconsulted) that are enforced (a dry
-// run sends no fields). The lists are copies when any zone is left out,
-// so that the decision's own stay whole for what follows the response.
-func shown(reqs []limiter.Request, zones []*Zone, applied []*appliedRule, results []limiter.Result) ([]limiter.Request, []*Zone, []*appliedRule, []limiter.Result) {
+// shown returns the decisions whose state a response reports: those
+// consulted (a cached denial leaves the others unconsulted) that are
+// enforced (a dry run sends no fields). The list is a copy when any zone
+// is left out, so that the decision's own stays whole for what follows
+// the response.
+func shown(ds []zoneDecision) []zoneDecision {
 	all := true
-	for i := range results {
-		if results[i].Unknown || reqs[i].Rule.DryRun() {
+	for i := range ds {
+		if ds[i].res.Unknown || ds[i].req.Rule.DryRun() {
 			all = false
 			break
 		}
 	}
 	if all {
-		return reqs, zones, applied, results
+		return ds
 	}
-	var (
-		sreqs    []limiter.Request
-		szones   []*Zone
-		sapplied []*appliedRule
-		sresults []limiter.Result
-	)
-	for i := range results {
-		if !results[i].Unknown && !reqs[i].Rule.DryRun() {
-			sreqs, szones = append(sreqs, reqs[i]), append(szones, zones[i])
-			sapplied, sresults = append(sapplied, applied[i]), append(sresults, results[i])
+	var out []zoneDecision
+	for i := range ds {
+		if !ds[i].res.Unknown && !ds[i].req.Rule.DryRun() {
+			out = append(out, ds[i])
 		}
 	}
-	return sreqs, szones, sapplied, sresults
+	return out
 }
 
 // retryAfterSeconds rounds a wait up to whole seconds, so that a client that
@@ -291,12 +304,12 @@ var errClientGone = errors.New("client went away while waiting for its turn")
 
 // wait holds an admitted request for its turn when a leaky bucket zone
 // delayed it, and releases it early if the client goes away.
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, zones []*Zone, results []limiter.Result) error {
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision) error {
 	var delay time.Duration
 	var zone *Zone
-	for i := range results {
-		if results[i].Delay > delay {
-			delay, zone = results[i].Delay, zones[i]
+	for i := range ds {
+		if ds[i].res.Delay > delay {
+			delay, zone = ds[i].res.Delay, ds[i].zone
 		}
 	}
 	if delay <= 0 {
