@@ -28,6 +28,10 @@ import (
 //     than four times the slowest round trip lately (slowTrips), so that a
 //     Redis that has been answering slowly is given the time it has been
 //     taking, and one that stops answering is found out after Timeout.
+//
+// With RedisOptions.DisableStallClock the clock counts no stall: the time
+// this node was able to run is the wall time, and a starved node gives up
+// at Timeout as if Redis were slow.
 
 // flight is a round trip in flight: its number and when it left.
 type flight struct {

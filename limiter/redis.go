@@ -61,9 +61,10 @@ type RedisOptions struct {
 	// KeyPrefix starts every bucket key. Default "rl:".
 	KeyPrefix string
 	// Timeout bounds one decision, queueing included, in the time this
-	// node was able to run: a node whose CPUs are saturated reads Redis'
-	// replies late, and waits for them rather than taking the failure
-	// policy, up to MaxWait. Default 25ms.
+	// node was able to run (wall time with DisableStallClock): a node
+	// whose CPUs are saturated reads Redis' replies late, and waits for
+	// them rather than taking the failure policy, up to MaxWait. Default
+	// 25ms.
 	Timeout time.Duration
 	// MaxWait bounds a decision's wait in wall time, however starved the
 	// node: the hard cap, once the node has run for Timeout since the
@@ -71,6 +72,13 @@ type RedisOptions struct {
 	// sockets); never more than twice MaxWait. Default 1s (at least
 	// Timeout). See patience.go.
 	MaxWait time.Duration
+	// DisableStallClock switches off the stall clock (stall.go): Timeout
+	// then counts wall time, so a decision on a node whose CPUs are
+	// saturated gives up at Timeout like one that Redis left waiting, and
+	// the node saves the clock's wake-up every 5ms. Default false: the
+	// clock runs, and a starved node waits for Redis' replies (up to
+	// MaxWait).
+	DisableStallClock bool
 	// DialTimeout bounds opening a connection. Default 1s.
 	DialTimeout time.Duration
 	// Pipelines is how many round trips may be in flight at once; every
@@ -187,7 +195,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		timeout:    opt.Timeout,
 		maxWait:    opt.MaxWait,
 		clock:      opt.Clock,
-		stall:      newStallClock(),
+		stall:      stallClockOf(opt.DisableStallClock),
 		flights:    make([]atomic.Pointer[flight], opt.Pipelines),
 		cluster:    cluster,
 		script:     redis.NewScript(lua.Decide),

@@ -30,8 +30,12 @@ const stallSlack = 500 * time.Microsecond
 // it reads is the other). The stall is the union of the late intervals,
 // including those still going on, so it never exceeds the time elapsed.
 // It costs a wake-up and two small system calls every 5 ms.
+//
+// A clock made by stallClockOf(true) is switched off: it counts no
+// stall, so that the time a process ran is the wall time elapsed.
 type stallClock struct {
 	base time.Time
+	off  bool // counts no stall, and runs no goroutines
 
 	// mu orders the writers; readers load the atomics without it (a
 	// reading between the two stores is off by one interval at most).
@@ -61,6 +65,15 @@ func newStallClock() *stallClock {
 		c.done.Go(c.read)
 	}
 	return c
+}
+
+// stallClockOf returns a running stall clock, or with off one that is
+// switched off: it starts nothing and counts no stall.
+func stallClockOf(off bool) *stallClock {
+	if off {
+		return &stallClock{base: time.Now(), off: true}
+	}
+	return newStallClock()
 }
 
 // tick wakes every stallPeriod, counts how late it woke, and sends a probe
@@ -103,7 +116,7 @@ func (c *stallClock) read() {
 // count adds the interval [from, to] to the stall, less what is counted
 // already.
 func (c *stallClock) count(from, to int64) {
-	if to <= from {
+	if to <= from || c.off {
 		return
 	}
 	c.mu.Lock()
@@ -151,6 +164,9 @@ func (c *stallClock) mono() int64 { return int64(time.Since(c.base)) }
 // that is in the pipe and has not been read (the process may be stalled
 // right now).
 func (c *stallClock) now() (now, stalled int64) {
+	if c.off {
+		return c.mono(), 0
+	}
 	// Everything is loaded before the time is read, the stall before its
 	// frontier: what a writer counts meanwhile is left out (it ends before
 	// now) rather than counted beyond now, so that the stall of an
@@ -170,6 +186,9 @@ func (c *stallClock) now() (now, stalled int64) {
 
 // close stops the clock's goroutines.
 func (c *stallClock) close() {
+	if c.off {
+		return
+	}
 	close(c.stop)
 	if c.w != nil {
 		_ = c.w.Close()

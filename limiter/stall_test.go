@@ -189,3 +189,60 @@ func TestBreakerLostProbeExpires(t *testing.T) {
 		t.Fatalf("breaker %v after the new probe's success", b.State())
 	}
 }
+
+// TestStallClockOff: a clock that is switched off counts no stall, so the
+// time a process ran is the time elapsed, and it starts nothing to stop.
+func TestStallClockOff(t *testing.T) {
+	t.Parallel()
+	c := stallClockOf(true)
+	m := c.mark()
+	time.Sleep(5 * time.Millisecond)
+	c.add(time.Hour)
+	elapsed, ran := c.since(m)
+	if elapsed < 5*time.Millisecond || ran != elapsed {
+		t.Fatalf("ran %s of %s on a clock that is off, with an hour of stall added", ran, elapsed)
+	}
+	c.close()
+}
+
+// TestRedisStallClockSettings pauses Redis for far longer than the
+// timeout while the node counts itself starved, with the stall clock on
+// and off (RedisOptions.DisableStallClock): on, the decision waits for
+// Redis' reply and gets it once Redis resumes; off, the timeout counts
+// wall time and the decision gives up while Redis is still paused.
+func TestRedisStallClockSettings(t *testing.T) {
+	// Not parallel: it times a stall against the timeout.
+	const timeout = 50 * time.Millisecond
+	const pause = 2 * time.Second // only a decision that waits sees Redis back
+	for _, off := range []bool{false, true} {
+		t.Run("disable_stall_clock="+strconv.FormatBool(off), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, MaxWait: 5 * time.Second,
+				BreakerFailures: 1000, DisableStallClock: off})
+			r := mustRule(t, "stall", 1000, time.Second, 0)
+			decideOne(t, rs, r, "warm", 1)
+
+			defer starve(rs)()
+			srv.Pause()
+			defer srv.Resume()
+			done := make(chan error, 1)
+			go func() {
+				_, err := rs.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done: // gave up while Redis was paused
+			case <-time.After(pause):
+				srv.Resume()
+				err = <-done
+			}
+			switch {
+			case !off && err != nil:
+				t.Fatalf("stall clock on: a starved node's decision failed: %v", err)
+			case off && !errors.Is(err, ErrStoreTimeout):
+				t.Fatalf("stall clock off: %v, want ErrStoreTimeout while Redis was paused", err)
+			}
+		})
+	}
+}
