@@ -52,6 +52,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        disable_identity
 //	        key_prefix <prefix>
 //	        timeout    <duration>
+//	        max_wait   <duration>
+//	        disable_stall_clock
 //	        deny_cache_size <n>
 //	        breaker_failures <n>
 //	        breaker_cooldown <duration>

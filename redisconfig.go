@@ -72,7 +72,8 @@ type RedisConfig struct {
 	// KeyPrefix starts every key the limiter writes. Default: `rl:`.
 	KeyPrefix string `json:"key_prefix,omitempty"`
 	// Timeout is how long a decision waits for Redis, counted in the time
-	// this node was able to run, before each zone applies its on_error
+	// this node was able to run (wall time with DisableStallClock),
+	// before each zone applies its on_error
 	// policy. A node whose CPUs are saturated reads Redis' replies late,
 	// and a Redis that has been answering slowly lately is given the time
 	// it has been taking: neither is a failure, and the decision waits
@@ -82,6 +83,13 @@ type RedisConfig struct {
 	// starved the node (a node frozen meanwhile first gets Timeout of
 	// running time; never more than twice MaxWait). Default: 1s.
 	MaxWait caddy.Duration `json:"max_wait,omitempty"`
+	// DisableStallClock switches off the stall clock, which tells a node
+	// whose CPUs are saturated (it reads Redis' replies late) from a slow
+	// Redis by how late its own timers fire. Off, Timeout counts wall
+	// time: a starved node's decisions take their zones' on_error at
+	// Timeout, as when Redis is slow, and the node saves the clock's
+	// wake-up every 5ms. Default: false, the clock runs.
+	DisableStallClock bool `json:"disable_stall_clock,omitempty"`
 	// DenyCacheSize is how many denied buckets each node remembers, to
 	// deny a flood on them without asking Redis until a token can be
 	// there again (exact: tokens cannot appear sooner). Default: 65536.
@@ -137,6 +145,7 @@ var (
 	redisFlags = []setting[RedisConfig, bool]{
 		{"cluster", func(c *RedisConfig) *bool { return &c.Cluster }},
 		{"disable_identity", func(c *RedisConfig) *bool { return &c.DisableIdentity }},
+		{"disable_stall_clock", func(c *RedisConfig) *bool { return &c.DisableStallClock }},
 	}
 	redisDurations = []setting[RedisConfig, caddy.Duration]{
 		{"dial_timeout", func(c *RedisConfig) *caddy.Duration { return &c.DialTimeout }},
@@ -238,6 +247,7 @@ func (c *RedisConfig) options() (redisOptions, error) {
 		KeyPrefix:         c.KeyPrefix,
 		Timeout:           time.Duration(c.Timeout),
 		MaxWait:           time.Duration(c.MaxWait),
+		DisableStallClock: c.DisableStallClock,
 
 		BreakerFailures: c.BreakerFailures,
 		BreakerCooldown: time.Duration(c.BreakerCooldown),
@@ -300,7 +310,7 @@ func (t *RedisTLS) config() (*tls.Config, string, error) {
 func (o redisOptions) poolKey() string {
 	b, _ := json.Marshal([]any{o.Address, o.Addresses, o.Cluster, o.SentinelMaster, o.SentinelAddresses,
 		o.SentinelUsername, o.SentinelPassword, o.Username, o.Password, o.DB, o.Protocol, o.DisableIdentity,
-		o.PoolSize, o.Pipelines, o.DialTimeout, o.KeyPrefix, o.Timeout, o.MaxWait, o.BreakerFailures, o.BreakerCooldown, o.tlsID})
+		o.PoolSize, o.Pipelines, o.DialTimeout, o.KeyPrefix, o.Timeout, o.MaxWait, o.DisableStallClock, o.BreakerFailures, o.BreakerCooldown, o.tlsID})
 	sum := sha256.Sum256(b)
 	return "redis:" + hex.EncodeToString(sum[:])
 }

@@ -46,3 +46,26 @@ func TestRedisPoolKeyFollowsTLSFiles(t *testing.T) {
 		t.Fatal("certificates rotated in place kept the pool key: a reload would keep the old client")
 	}
 }
+
+// TestRedisDisableStallClock: disable_stall_clock reaches the store's
+// options, and a configuration with the clock off gets a store of its own
+// (a store has one clock), not the pooled one of the same Redis with the
+// clock on.
+func TestRedisDisableStallClock(t *testing.T) {
+	t.Parallel()
+	opts := func(off bool) redisOptions {
+		t.Helper()
+		o, err := (&RedisConfig{Address: "127.0.0.1:6379", DisableStallClock: off}).options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	on, off := opts(false), opts(true)
+	if on.DisableStallClock || !off.DisableStallClock {
+		t.Fatalf("DisableStallClock: %v with the setting off, %v with it on", on.DisableStallClock, off.DisableStallClock)
+	}
+	if on.poolKey() == off.poolKey() {
+		t.Fatal("the stall clock on and off share a pool key: the second configuration would get the first's store")
+	}
+}
