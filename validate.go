@@ -5,10 +5,17 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// Validation of the configuration as written: the handler's checks, and
-// the setting errors that let the Caddyfile adapter name a mistake's line.
+// Validation of the configuration as written: the handler's checks, the
+// checks of a zone's settings that depend on its algorithm, and the
+// setting errors that let the Caddyfile adapter name a mistake's line.
+// (Zone.validate is in zone.go, RedisConfig.validate in redisconfig.go.)
 
 // settingError is a mistake in one setting, named as the Caddyfile and the
 // JSON name it, so that the Caddyfile adapter can report the line that gave
@@ -100,3 +107,87 @@ func (h *Handler) validate() error {
 
 // zoneSetting names the i-th zone as a setting, for settingError.
 func zoneSetting(i int) string { return "zones." + strconv.Itoa(i) }
+
+// validatePolicies checks the settings that depend on the algorithm: the
+// limit in its forms, placeholders, concurrency's limit and lease,
+// reserve, count_status and ban.
+func (z *Zone) validatePolicies() error {
+	alg, err := limiter.ParseAlgorithm(z.Algorithm)
+	if err != nil {
+		return inSetting("algorithm", err)
+	}
+	if alg == limiter.Concurrency {
+		return z.validateConcurrency()
+	}
+	switch {
+	case z.Limit != 0:
+		return inSetting("limit", errors.New("limit applies to algorithm concurrency only (a rate zone takes rate)"))
+	case z.Lease != 0:
+		return inSetting("lease", limiter.ErrLeaseNotApplicable)
+	case z.Rate == 0 && z.RatePlaceholder == "" && z.Events == 0 && z.Window == 0:
+		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
+	case z.Rate != 0 && z.RatePlaceholder != "":
+		return inSetting("rate", errors.New("give rate as a number or as a placeholder, not both"))
+	case z.Burst != 0 && z.BurstPlaceholder != "":
+		return inSetting("burst", errors.New("give burst as a number or as a placeholder, not both"))
+	case z.BurstPlaceholder != "" && alg != limiter.TokenBucket && alg != limiter.LeakyBucket:
+		return inSetting("burst", limiter.ErrBurstNotApplicable)
+	case (z.RatePlaceholder != "" || z.BurstPlaceholder != "") && z.legacyForm():
+		return inSetting("rate", errors.New("a placeholder rate needs rate <placeholder> <duration>, not window and events"))
+	}
+	for _, p := range []struct{ setting, expr string }{{"rate", z.RatePlaceholder}, {"burst", z.BurstPlaceholder}} {
+		if p.expr == "" {
+			continue
+		}
+		if !strings.Contains(p.expr, "{") {
+			return inSetting(p.setting, fmt.Errorf("%s placeholder %q names no placeholder", p.setting, p.expr))
+		}
+		if err := checkPlaceholders(p.expr); err != nil {
+			return inSetting(p.setting, fmt.Errorf("%s %q is not a valid placeholder expression: %w", p.setting, p.expr, err))
+		}
+	}
+	if z.Reserve != "" {
+		if err := checkReserve(z.Reserve); err != nil {
+			return inSetting("reserve", err)
+		}
+	}
+	if len(z.CountStatus) > 0 {
+		if alg == limiter.LeakyBucket {
+			return inSetting("count_status", errors.New("count_status does not apply to leaky_bucket: a shaped request has already waited its turn"))
+		}
+		if _, err := parseStatusSet(z.CountStatus); err != nil {
+			return inSetting("count_status", err)
+		}
+	}
+	if z.Ban != nil {
+		if err := z.Ban.validate(); err != nil {
+			return inSetting("ban", err)
+		}
+	}
+	return nil
+}
+
+// validateConcurrency checks a concurrency zone: a limit, and none of the
+// rate algorithms' settings.
+func (z *Zone) validateConcurrency() error {
+	switch {
+	case z.Limit <= 0:
+		return inSetting("limit", errors.New("a concurrency zone needs limit <n>: how many requests of a key may be in flight at once"))
+	case z.Rate != 0 || z.RatePlaceholder != "" || z.Per != 0 || z.legacyForm():
+		return inSetting("rate", errors.New("a concurrency zone takes limit <n>, not a rate"))
+	case z.Burst != 0 || z.BurstPlaceholder != "":
+		return inSetting("burst", limiter.ErrBurstNotApplicable)
+	case z.Reserve != "":
+		return inSetting("reserve", errors.New("reserve applies to the rate algorithms, not concurrency"))
+	case len(z.CountStatus) > 0:
+		return inSetting("count_status", errors.New("count_status does not apply to concurrency: a slot is always given back"))
+	case z.Lease != 0 && (z.Lease < caddy.Duration(time.Millisecond) || z.Lease%caddy.Duration(time.Millisecond) != 0):
+		return inSetting("lease", limiter.ErrBadLease)
+	}
+	if z.Ban != nil {
+		if err := z.Ban.validate(); err != nil {
+			return inSetting("ban", err)
+		}
+	}
+	return nil
+}
