@@ -304,7 +304,8 @@ func TestKeys(t *testing.T) {
 		}
 	}
 	respond "ok"`, r.Addr))
-	// Without the header the key is the client IP.
+	// Without the header the key is the client IP, in the namespace of
+	// the second alternative.
 	if got := n.statuses(2, "/"); got[200] != 1 || got[429] != 1 {
 		t.Fatalf("by ip: %v", got)
 	}
@@ -332,7 +333,7 @@ func TestKeys(t *testing.T) {
 			t.Errorf("key %q is %d bytes", k, len(k))
 		}
 		switch {
-		case k == "t:k:{127.0.0.1}":
+		case k == "t:k:{2,127.0.0.1}": // the second alternative's namespace
 			sawIP = true
 		case k == "t:k:{abc123}":
 			sawPlain = true
