@@ -81,14 +81,33 @@ func (h *Handler) release(sc *scratch, status int) {
 			reqs, results = append(reqs, *q), append(results, *res)
 		}
 	}
+	h.refundLater(sc.outcome, reqs, results)
+}
+
+// giveBack gives back every charge of an admitted request that is not
+// passed on after all (a leaky bucket's wait room was full).
+func (h *Handler) giveBack(outcome limiter.Outcome, ds []zoneDecision) {
+	var reqs []limiter.Request
+	var results []limiter.Result
+	for i := range ds {
+		if charged(&ds[i].req, &ds[i].res) {
+			reqs, results = append(reqs, ds[i].req), append(results, ds[i].res)
+		}
+	}
+	h.refundLater(outcome, reqs, results)
+}
+
+// refundLater refunds reqs in the background, bounded by the store's
+// timeout; a failure leaves the charge (strict) and is counted.
+func (h *Handler) refundLater(outcome limiter.Outcome, reqs []limiter.Request, results []limiter.Result) {
 	if len(reqs) == 0 {
 		return
 	}
-	go func(outcome limiter.Outcome) {
+	go func() {
 		if err := h.limiter.Refund(context.Background(), outcome, reqs, results); err != nil {
 			if ce := h.logger.Check(zap.DebugLevel, "rate limit refund dropped; the charge stays"); ce != nil {
 				ce.Write(zap.String("zone", reqs[0].Rule.Name()), zap.Error(err))
 			}
 		}
-	}(sc.outcome)
+	}()
 }

@@ -70,6 +70,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        dry_run
 //	        prefetch <n> [<max_hold>]        # token_bucket, fixed_window: hot keys
 //	        max_delay <duration>
+//	        max_waiting <n>
 //	        window <duration>  events <n>    # caddy-ratelimit's form
 //	        ipv4_prefix <bits>  ipv6_prefix <bits>
 //	        cost  <n|placeholder>
@@ -449,6 +450,7 @@ var (
 		"events":      zoneInt(func(z *Zone) *int64 { return &z.Events }, 54),
 		"fleet_size":  zoneInt(func(z *Zone) *int64 { return &z.FleetSize }, 32),
 		"max_delay":   zoneDuration(func(z *Zone) *caddy.Duration { return &z.MaxDelay }),
+		"max_waiting": zoneInt(func(z *Zone) *int64 { return &z.MaxWaiting }, 32),
 		"window":      zoneDuration(func(z *Zone) *caddy.Duration { return &z.Window }),
 		"cost":        func(z *Zone, _, arg string) error { z.Cost = arg; return nil },
 		"on_error":    func(z *Zone, _, arg string) error { z.OnError = arg; return nil },

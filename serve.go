@@ -1,6 +1,7 @@
 package fleetlimit
 
 import (
+	"cmp"
 	"errors"
 	"math/rand/v2"
 	"net/http"
@@ -132,7 +133,16 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	case limiter.FailedClosed:
 		return false, h.unavailable(w, ds)
 	}
+	var room *waitRoom // the wait room this request holds a place in
 	if admitted {
+		if z, delay := delayOf(ds); z != nil {
+			if !z.room.enter() {
+				// Full: turned away, and charged nothing.
+				h.giveBack(outcome, ds)
+				return false, h.deny(w, r, denier{zone: z, retry: delay, err: z.errWaiting}, shown(ds), policyOf(ds))
+			}
+			room = z.room
+		}
 		sc.hold(outcome, ds)
 	}
 	// The policy names every enforced zone that applies; the current
@@ -146,8 +156,11 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		return false, h.deny(w, r, den, reported, policy)
 	}
 	h.headers.write(w.Header(), reported, policy, noRetryAfter)
-	if err := h.wait(w, r, reported); err != nil {
-		return false, err
+	if room != nil {
+		defer room.leave()
+		if err := h.wait(w, r, reported); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
@@ -176,7 +189,8 @@ func (h *Handler) unavailable(w http.ResponseWriter, ds []zoneDecision) error {
 type denier struct {
 	zone  *Zone
 	retry time.Duration
-	never bool // a zone's cost exceeds its burst: no wait helps
+	never bool  // a zone's cost exceeds its burst: no wait helps
+	err   error // the error, when not the zone's own denial
 }
 
 // denierOf returns the denier of a request that zones denied.
@@ -206,7 +220,7 @@ func denierOf(ds []zoneDecision) denier {
 // which case it returns nil.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, ds []zoneDecision, policy string) error {
 	first := den.zone
-	err, retryAfter := first.errDenied, noRetryAfter
+	err, retryAfter := cmp.Or(den.err, first.errDenied), noRetryAfter
 	if den.never {
 		h.logDenials(r, ds, den.retry)
 		err = first.errNever
@@ -302,17 +316,24 @@ const hdrDelay = "X-Ratelimit-Delay"
 // turn in a leaky bucket.
 var errClientGone = errors.New("client went away while waiting for its turn")
 
-// wait holds an admitted request for its turn when a leaky bucket zone
-// delayed it, and releases it early if the client goes away.
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision) error {
+// delayOf returns the leaky bucket zone that delays an admitted request
+// longest, and its delay; nil when none delays it.
+func delayOf(ds []zoneDecision) (*Zone, time.Duration) {
 	var delay time.Duration
 	var zone *Zone
 	for i := range ds {
-		if ds[i].res.Delay > delay {
+		if ds[i].res.Delay > delay && ds[i].zone.room != nil {
 			delay, zone = ds[i].res.Delay, ds[i].zone
 		}
 	}
-	if delay <= 0 {
+	return zone, delay
+}
+
+// wait holds an admitted request for its turn when a leaky bucket zone
+// delayed it, and releases it early if the client goes away.
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision) error {
+	zone, delay := delayOf(ds)
+	if zone == nil {
 		return nil
 	}
 	w.Header()[hdrDelay] = []string{strconv.FormatInt(int64((delay+time.Millisecond-1)/time.Millisecond), 10)}

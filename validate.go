@@ -124,6 +124,10 @@ func (z *Zone) validatePolicies() error {
 		return inSetting("limit", errors.New("limit applies to algorithm concurrency only (a rate zone takes rate)"))
 	case z.Lease != 0:
 		return inSetting("lease", limiter.ErrLeaseNotApplicable)
+	case z.MaxWaiting < 0:
+		return inSetting("max_waiting", errors.New("max_waiting must not be negative"))
+	case z.MaxWaiting != 0 && alg != limiter.LeakyBucket:
+		return inSetting("max_waiting", errors.New("max_waiting applies to leaky_bucket only"))
 	case z.Rate == 0 && z.RatePlaceholder == "" && z.Events == 0 && z.Window == 0:
 		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
 	case z.Rate != 0 && z.RatePlaceholder != "":

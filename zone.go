@@ -1,6 +1,7 @@
 package fleetlimit
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,6 +149,12 @@ type Zone struct {
 	// as long as the queue (Burst) takes to drain if that is shorter.
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
+	// MaxWaiting is, for a leaky bucket, how many of the zone's requests
+	// this node holds waiting for their turn at once; a request that
+	// would wait beyond it is answered 429, with Retry-After its wait,
+	// and charged nothing. Default: 1024.
+	MaxWaiting int64 `json:"max_waiting,omitempty"`
+
 	// Window is mholt/caddy-ratelimit's form of the period: at most
 	// Events in any Window (a sliding log unless Algorithm says
 	// otherwise). Use Window and Events instead of Rate and Per.
@@ -212,6 +219,8 @@ type Zone struct {
 	errNever    error
 	errBanned   error
 	errBadCost  error
+	errWaiting  error         // the wait room is full
+	room        *waitRoom     // leaky bucket: the requests waiting their turn
 	obs         *observe.Zone // placeholders and stats
 }
 
@@ -328,6 +337,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.errBanned = fmt.Errorf("key banned in zone %q", z.Name)
 	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
 	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
+	z.errWaiting = fmt.Errorf("too many requests waiting for their turn in zone %q", z.Name)
+	if rule.Algorithm() == limiter.LeakyBucket {
+		z.room = &waitRoom{max: cmp.Or(z.MaxWaiting, DefaultMaxWaiting)}
+	}
 	return nil
 }
 
@@ -389,6 +402,9 @@ func (z *Zone) normalKey(source int, v string) string {
 // its matchers match (from the configuration), and its key normalisation.
 func (z *Zone) observeConfig() observe.ZoneConfig {
 	oc := observe.ZoneConfig{Match: z.route}
+	if z.room != nil {
+		oc.MaxWaiting, oc.Queue = z.room.max, z.room.counts
+	}
 	if n := len(z.keys); n > 0 {
 		oc.Keys = func(v string) []string {
 			out := make([]string, n)

@@ -103,16 +103,30 @@ type statsZone struct {
 	// (count_status refunds, concurrency slots released), and
 	// RefundsDropped those the store failed to take back (the charge
 	// stayed).
-	Refunds        uint64       `json:"refunds"`
-	RefundsDropped uint64       `json:"refunds_dropped"`
-	Rates          statsWindows `json:"rates"`
-	TopDenied      statsTop     `json:"top_denied"`
+	Refunds        uint64 `json:"refunds"`
+	RefundsDropped uint64 `json:"refunds_dropped"`
+	// Queue is, for a leaky bucket, its requests waiting for their turn
+	// on this node; absent for the other algorithms.
+	Queue     *statsQueue  `json:"queue,omitempty"`
+	Rates     statsWindows `json:"rates"`
+	TopDenied statsTop     `json:"top_denied"`
 	// TopNetworks are the client networks denied most.
 	TopNetworks statsTopNetworks `json:"top_networks"`
 	Series      *statsSeries     `json:"series,omitempty"`
 	// Fleet is what every node sharing the zone's Redis decided; absent
 	// with the memory store.
 	Fleet *statsFleet `json:"fleet,omitempty"`
+}
+
+// statsQueue is a leaky bucket's waiting room on this node: the longest a
+// request waits (max_delay), how many may wait at once (max_waiting), how
+// many wait now, and how many were answered 429 because the room was
+// full (since the handler was provisioned).
+type statsQueue struct {
+	MaxDelay   string `json:"max_delay"`
+	MaxWaiting int64  `json:"max_waiting"`
+	Waiting    int64  `json:"waiting"`
+	TurnedAway uint64 `json:"turned_away"`
 }
 
 // statsTop lists the keys denied most since Since (one to two minutes ago).
@@ -343,6 +357,10 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	}
 	if info != nil {
 		zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
+		if info.queue != nil {
+			waiting, away := info.queue()
+			zj.Queue = &statsQueue{MaxDelay: info.maxDelay.String(), MaxWaiting: info.maxWait, Waiting: waiting, TurnedAway: away}
+		}
 	}
 	store := z.store
 	zj.Store = store.name

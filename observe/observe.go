@@ -75,6 +75,12 @@ type ZoneConfig struct {
 	// lifted by a raw key through it; nil when the zone has no key
 	// alternative (one shared bucket).
 	Keys func(v string) []string
+	// MaxWaiting is, for a leaky bucket, how many of its requests the
+	// handler holds waiting at once (0 otherwise), and Queue tells how
+	// many wait now and how many were turned away because they were
+	// that many.
+	MaxWaiting int64
+	Queue      func() (waiting int64, turnedAway uint64)
 }
 
 // Handler is one provisioned handler's share of the observability. Make it
@@ -154,17 +160,20 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			return err
 		}
 		info := &zoneInfo{
-			alg:     z.rule.Algorithm().String(),
-			rate:    z.rule.Rate(),
-			per:     z.rule.Per(),
-			burst:   z.rule.Burst(),
-			onError: z.rule.OnError().String(),
-			logKey:  cfg.LogKey,
-			digest:  cfg.Digest,
-			memory:  cfg.Memory,
-			buckets: []string{z.rule.Bucket()},
-			keys:    z.cfg.Keys,
-			server:  ctx.Value(caddyhttp.ServerCtxKey),
+			alg:      z.rule.Algorithm().String(),
+			maxDelay: z.rule.MaxDelay(),
+			rate:     z.rule.Rate(),
+			per:      z.rule.Per(),
+			burst:    z.rule.Burst(),
+			onError:  z.rule.OnError().String(),
+			logKey:   cfg.LogKey,
+			digest:   cfg.Digest,
+			memory:   cfg.Memory,
+			buckets:  []string{z.rule.Bucket()},
+			keys:     z.cfg.Keys,
+			queue:    z.cfg.Queue,
+			maxWait:  z.cfg.MaxWaiting,
+			server:   ctx.Value(caddyhttp.ServerCtxKey),
 		}
 		if b := z.rule.LocalBucket(); b != "" {
 			info.buckets = append(info.buckets, b)

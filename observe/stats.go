@@ -48,13 +48,14 @@ type zoneKey struct {
 // zoneInfo describes a zone as one handler configured it. Each handler
 // holding the zone's stats has its own (see zoneStats.hold).
 type zoneInfo struct {
-	alg     string
-	rate    int64
-	per     time.Duration
-	burst   int64
-	onError string
-	logKey  bool
-	digest  limiter.Digester // the handler's, for the top keys
+	alg      string
+	maxDelay time.Duration // a leaky bucket's max_delay
+	rate     int64
+	per      time.Duration
+	burst    int64
+	onError  string
+	logKey   bool
+	digest   limiter.Digester // the handler's, for the top keys
 	// memory holds the zone's buckets in this process (the memory store,
 	// or the local fallback buckets), named buckets there; nil if none.
 	memory  *limiter.MemoryStore
@@ -62,6 +63,10 @@ type zoneInfo struct {
 	// keys normalises a raw client key as the zone does (ZoneConfig.Keys);
 	// nil when the zone has no key alternative.
 	keys func(string) []string
+	// queue tells, for a leaky bucket, how many of its requests wait and
+	// how many were turned away (ZoneConfig.Queue); nil otherwise.
+	queue   func() (int64, uint64)
+	maxWait int64 // the most requests that wait at once (max_waiting)
 	// server is the Caddy HTTP server (*caddyhttp.Server) the handler
 	// serves in, nil when it was provisioned outside one: a dashboard of
 	// scope server shows the zones its own server's handlers hold.
