@@ -103,15 +103,25 @@ func (b *Breaker) abandonProbe() {
 }
 
 // Success records a decision the store made.
-func (b *Breaker) Success() {
+func (b *Breaker) Success() { b.succeed() }
+
+// succeed records a decision the store made, and reports whether it
+// closed the breaker (it was open or half-open).
+func (b *Breaker) succeed() bool {
 	if b.consecutive.Load() != 0 {
 		b.consecutive.Store(0)
 	}
-	if b.openUntil.Load() != 0 {
-		b.openUntil.Store(0)
+	if until := b.openUntil.Load(); until != 0 && b.openUntil.CompareAndSwap(until, 0) {
 		b.probeSince.Store(0)
+		return true
 	}
+	return false
 }
+
+// Close closes an open breaker at once: another node's probe found the
+// store answering (see breakerClosedMsg). A store still away here opens it
+// again after its failures.
+func (b *Breaker) Close() { b.succeed() }
 
 // Failure records a failed store call: it opens the breaker after enough
 // of them in a row, or at once when the probe failed.

@@ -49,7 +49,8 @@ type denyShard struct {
 	m      map[bucketID]State
 	bans   map[bucketID]int64         // banned buckets: when the ban ends (cache microseconds)
 	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
-	_      [32]byte
+	last   map[bucketID]State         // every bucket's last state the store told (lastseen.go)
+	_      [24]byte
 }
 
 // probe records the buckets whose store call a request has claimed.
@@ -60,7 +61,9 @@ type probe struct {
 
 // DenyCacheOptions configures a DenyCache.
 type DenyCacheOptions struct {
-	// Size is the most buckets the cache holds. Default 65536.
+	// Size is the most buckets the cache holds (denied ones; and apart,
+	// the last state the store told of each bucket, for the local
+	// fallback: see LastFullAt). Default 65536.
 	Size int
 	// Clock is the cache's time, of which it uses only the time elapsed
 	// since the cache was made (Now().Sub): with the system clock, the
@@ -80,6 +83,7 @@ func NewDenyCache(opt DenyCacheOptions) *DenyCache {
 		c.shards[i].m = make(map[bucketID]State)
 		c.shards[i].bans = make(map[bucketID]int64)
 		c.shards[i].flight = make(map[bucketID]chan struct{})
+		c.shards[i].last = make(map[bucketID]State)
 	}
 	return c
 }
@@ -197,17 +201,22 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 			c.learnBan(reqs[i].Rule, reqs[i].Key, sent+int64(res.RetryAfter/time.Microsecond))
 			continue
 		}
-		if res.Unknown || !reqs[i].Rule.cacheable() {
+		r := reqs[i].Rule
+		cacheable, remembered := r.cacheable(), r.remembered()
+		if res.Unknown || (!cacheable && !remembered) {
 			continue
 		}
 		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)
-		r := reqs[i].Rule
 		st := r.stateAt(sent, res.owed)
 		id := c.hash.id(r.bucket, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
+		if remembered {
+			sh.keepLast(id, st, c.perShard) // lastseen.go
+		}
 		old, ok := sh.m[id]
 		switch {
+		case !cacheable:
 		case ok && old < st:
 			sh.m[id] = st
 		case !ok && worth:

@@ -220,6 +220,9 @@ type Limiter struct {
 	spares   atomic.Pointer[spares]
 	sparesMu sync.Mutex // starting spares
 	closed   bool       // Close was called (under sparesMu): no more holders
+	// out is the ledger of what local buckets admitted during an outage,
+	// charged to the store when it returns (outage.go).
+	out outage
 }
 
 // New returns a limiter deciding through store.
@@ -293,9 +296,20 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 }
 
 func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
+	if l.out.pending.Load() > 0 { // outage.go: charges first
+		if err := l.settle(ctx, reqs); err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return Canceled
+			}
+			return l.fail(ctx, reqs, results, err)
+		}
+	}
 	start := l.observeStart()
 	ok, err := l.store.Decide(ctx, reqs, results)
 	l.observeStore(start, err)
+	if err == nil && l.out.pending.Load() > 0 {
+		l.flushCharges() // the store is back: charge every key
+	}
 	switch {
 	case err == nil && ok:
 		return Allowed
@@ -355,7 +369,8 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 	var reqBuf [8]Request
 	var resBuf [8]Result
 	var idxBuf [8]int
-	lreqs, idx := reqBuf[:0], idxBuf[:0]
+	var owedBuf [8]*owed
+	lreqs, idx, ledger := reqBuf[:0], idxBuf[:0], owedBuf[:0]
 	view := int64(1)
 	if l.fleet != nil {
 		view = l.fleet()
@@ -364,10 +379,15 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
 			local, divisor := r.localFor(view)
 			l.logFallback(r, divisor)
+			var e *owed
+			if r.remembered() {
+				e = l.seed(&reqs[i], local, divisor) // outage.go
+			}
 			q := reqs[i]
 			q.Rule = local
 			lreqs = append(lreqs, q)
 			idx = append(idx, i)
+			ledger = append(ledger, e)
 		}
 	}
 	lres := resBuf[:]
@@ -384,6 +404,11 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 		results[i].owed = 0
 	}
 	if ok {
+		for j, e := range ledger {
+			if e != nil {
+				l.out.admittedLocally(e, lreqs[j].Cost)
+			}
+		}
 		return LocalAllowed
 	}
 	return LocalDenied

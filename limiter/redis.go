@@ -377,7 +377,9 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 	var refused *requestError
 	switch {
 	case err == nil:
-		s.breaker.Success()
+		if s.breaker.succeed() {
+			s.bans.breakerClosed() // breakerclose.go
+		}
 	case errors.Is(err, context.Canceled): // a client that left is not Redis' fault
 		if probe {
 			s.breaker.abandonProbe()

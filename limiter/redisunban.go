@@ -263,7 +263,7 @@ func (l *banListener) run(b *redisBans) {
 					failedAt = time.Time{}
 				}
 			case *redis.Message:
-				b.lifted(m.Payload)
+				b.message(m.Payload)
 			}
 			continue
 		case isTimeout(err) && !pinged:

@@ -21,4 +21,8 @@ end
 tb_write(ki, p1, r2)
 
 --@refund
-tb_write(ki, p1, tb_debt(ki, p1, p3 * p2) - cost * p2)
+if auxn < CHARGE then -- a charge of CHARGE - auxn ticks, debt beyond capacity allowed
+  tb_write(ki, p1, min(tb_debt(ki, p1, MAX_DEBT) + CHARGE - auxn, MAX_DEBT))
+else
+  tb_write(ki, p1, tb_debt(ki, p1, p3 * p2) - cost * p2)
+end

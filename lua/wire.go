@@ -78,11 +78,23 @@ const (
 	KindCost = 2
 	// KindAux is the reserve the request must leave, in the algorithm's
 	// units, or a concurrency slot's id; in a refund, the time (us) of the
-	// charge refunded.
+	// charge refunded, or, for a token or leaky bucket, a charge (see
+	// ChargeAux).
 	KindAux = 3
 	// KindArgs is how many arguments a kind has.
 	KindArgs = 3
 )
+
+// ChargeAux marks a charge in the refund script: a token or leaky bucket
+// zone whose aux is below it (ChargeAux - t, t > 0) is charged t ticks
+// instead of refunded: what this node's local fallback admitted while
+// Redis could not decide. A charge may leave the bucket owing more than
+// its capacity (it is then empty until the debt is paid by the refill).
+const ChargeAux = -1
+
+// MaxChargeDebt bounds, in ticks, the debt a charge can leave: the
+// arithmetic stays exact in Lua's doubles.
+const MaxChargeDebt = 1 << 51
 
 // NoZones is the zone argument of a request of no zones.
 const NoZones = -1
@@ -154,6 +166,8 @@ var names = []struct {
 	{"K_AUX", KindAux},
 	{"KIND_ARGS", KindArgs},
 	{"NO_ZONES", NoZones},
+	{"CHARGE", ChargeAux},
+	{"MAX_DEBT", MaxChargeDebt},
 	{"Z_FLAG", ReplyFlag},
 	{"Z_R1", ReplyR1},
 	{"Z_R2", ReplyR2},

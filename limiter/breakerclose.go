@@ -1,0 +1,42 @@
+package limiter
+
+import (
+	"context"
+	"time"
+)
+
+// The breaker closes everywhere at once. After an outage each node's
+// circuit breaker probes Redis once per cooldown, so the nodes would go
+// back to Redis up to a cooldown apart, some deciding on their local
+// buckets while the others decide on Redis. So the first node whose call
+// finds Redis answering again (its breaker closes) publishes
+// breakerClosedMsg on the store's ban channel (redisunban.go), and every
+// node that receives it closes its breaker at once. A node whose
+// subscription has not come back yet misses the message: its own probe,
+// within a cooldown, brings it back. Either way a node stays local at most
+// a cooldown (BreakerCooldown, 1s by default) once Redis answers.
+
+// breakerClosedMsg is the ban channel's message that a node found Redis
+// answering. A ban lift's message is "<key> <bucket>", with a space, which
+// this has not.
+const breakerClosedMsg = "!breaker-closed"
+
+// breakerClosed publishes, in the background, that this node's breaker
+// closed.
+func (b *redisBans) breakerClosed() {
+	go func() {
+		ctx, cancel := context.WithTimeout(b.ctx, time.Second)
+		defer cancel()
+		_ = b.s.client.Publish(ctx, b.s.banChannel(), breakerClosedMsg).Err()
+	}()
+}
+
+// message handles a message of the ban channel: a node's breaker closed,
+// or a ban was lifted.
+func (b *redisBans) message(msg string) {
+	if msg == breakerClosedMsg {
+		b.s.breaker.Close()
+		return
+	}
+	b.lifted(msg)
+}

@@ -1,0 +1,68 @@
+package limiter
+
+import (
+	"context"
+
+	"github.com/fleetlimit/caddy-fleetlimit/lua"
+)
+
+// Charge is what a node's local fallback admitted from one key's bucket
+// while the store could not decide, to be charged to the store's bucket
+// when it answers again.
+type Charge struct {
+	// Rule is the zone's rule (not its local one): it names the bucket.
+	Rule *Rule
+	// Key is the client key.
+	Key string
+	// Ticks is the charge in the rule's ticks (a token is the rule's
+	// refill interval in ticks).
+	Ticks int64
+}
+
+// charger is a store that takes charges: the Redis store.
+type charger interface {
+	Charge(ctx context.Context, charges []Charge) error
+}
+
+// Charge charges each key's bucket what the local fallback admitted from it
+// (token and leaky buckets; the others are skipped): one script call per
+// key, queued like refunds and sent together, bounded by the store's
+// timeout. A charge may leave a bucket in debt beyond its capacity: the
+// key's next requests then wait for the refill the outage already spent.
+// It goes through the circuit breaker as a decision does, and returns the
+// first error.
+func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
+	allowed, probe := s.breaker.allow()
+	if !allowed {
+		return ErrBreakerOpen
+	}
+	ctx, cancel := s.timeoutContext(ctx)
+	defer cancel()
+	calls := make([]*call, 0, len(charges))
+	for _, ch := range charges {
+		if ch.Ticks <= 0 || (ch.Rule.alg != TokenBucket && ch.Rule.alg != LeakyBucket) {
+			continue
+		}
+		calls = append(calls, &call{
+			script: s.refund,
+			done:   make(chan struct{}, 1),
+			keys:   []string{s.Key(ch.Rule.bucket, ch.Key)},
+			rules:  []*Rule{ch.Rule},
+			costs:  []int64{1},
+			aux:    []any{lua.ChargeAux - min(ch.Ticks, lua.MaxChargeDebt)},
+		})
+	}
+	var firstErr error
+	for _, err := range s.sendAll(ctx, calls) {
+		firstErr = orErr(firstErr, err)
+	}
+	switch {
+	case firstErr == nil:
+		if s.breaker.succeed() {
+			s.bans.breakerClosed() // breakerclose.go
+		}
+	case probe:
+		s.breaker.Failure()
+	}
+	return firstErr
+}

@@ -1,0 +1,275 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Across an outage. While the store cannot decide, a zone with the local
+// policy decides on this node's bucket, with the zone's rate and burst
+// divided by the fleet's size. Two things keep the fleet within the bound
+// across the outage, not only inside it:
+//
+//   - A key's local bucket starts from what Redis last said of the key's
+//     bucket (lastseen.go): the same moment of being full again. A local
+//     bucket holds a 1/n share of the tokens and refills at 1/n of the
+//     rate, so owing a share of the tokens takes the same time: the n
+//     local buckets of the fleet together hold what the shared one held,
+//     refilled since at the whole rate. A key never seen starts full, at
+//     burst / n.
+//   - What the local bucket admitted is charged to the key's Redis bucket
+//     when Redis answers again (Charge), before this node lets Redis decide
+//     the key again. The charge is the tokens admitted, but no more than
+//     the local bucket owes at that moment (its share of what the shared
+//     bucket would owe): a Redis bucket that stayed put during the outage
+//     refilled as the local buckets did, and the admissions are its debt;
+//     one that refilled to full (or restarted empty) owes exactly what the
+//     local buckets owe. A charge may leave the bucket owing more than its
+//     capacity.
+//
+// The keys with a charge to make are kept in a ledger of at most
+// maxOutageKeys entries per limiter; a key that finds it full decides on
+// its local bucket as it starts (full) and is charged nothing.
+
+// maxOutageKeys bounds the ledger of the keys decided locally during an
+// outage.
+const maxOutageKeys = 1 << 16
+
+// outageKey names a key's bucket in a zone.
+type outageKey struct {
+	bucket, key string
+}
+
+// owed is what a key's local bucket admitted since the outage began.
+type owed struct {
+	rule  *Rule // the zone's rule
+	local *Rule // the local rule it was last decided on
+	n     int64 // that rule's divisor
+	key   string
+	// admitted is the tokens the local bucket admitted.
+	admitted int64
+	// charging is closed when the charge in flight ends; nil: none.
+	charging chan struct{}
+}
+
+// outage is a limiter's ledger of local admissions to charge.
+type outage struct {
+	mu      sync.Mutex
+	entries map[outageKey]*owed
+	// pending is len(entries): the request path reads it alone while
+	// the store is healthy.
+	pending  atomic.Int64
+	flushing atomic.Bool
+	// charged and full count the charges made and the keys the full
+	// ledger left out.
+	charged, full atomic.Uint64
+}
+
+// seed is called for each zone decided locally before the decision: a key
+// not yet in the ledger enters it, and its local bucket starts from what
+// the deny cache last heard of the shared bucket. It returns the key's
+// entry, or nil when the ledger is full.
+func (l *Limiter) seed(q *Request, local *Rule, n int64) *owed {
+	o := &l.out
+	k := outageKey{q.Rule.bucket, q.Key}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e := o.entries[k]; e != nil {
+		e.local, e.n = local, n
+		return e
+	}
+	if len(o.entries) >= maxOutageKeys {
+		o.full.Add(1)
+		return nil
+	}
+	if o.entries == nil {
+		o.entries = make(map[outageKey]*owed)
+	}
+	e := &owed{rule: q.Rule, local: local, n: n, key: q.Key}
+	o.entries[k] = e
+	o.pending.Store(int64(len(o.entries)))
+	var left int64 // microseconds until the shared bucket is full: 0 when never seen
+	if l.cache != nil && q.Rule.remembered() {
+		left, _ = l.cache.lastOwed(q.Rule, q.Key)
+	}
+	if m, ok := l.local.(*MemoryStore); ok {
+		m.startAt(local, q.Key, left)
+	}
+	return e
+}
+
+// startAt sets the key's bucket under rule r to be full again in left
+// microseconds (0: full now), whatever it held.
+func (s *MemoryStore) startAt(r *Rule, key string, left int64) {
+	if r.alg != TokenBucket && r.alg != LeakyBucket {
+		return
+	}
+	id := s.hash.id(r.bucket, key)
+	sh := &s.shards[id.shard()]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if left <= 0 {
+		sh.m.remove(id)
+		return
+	}
+	now := s.now()
+	if limit := int(s.perShard.Load()); limit > 0 && !sh.m.has(id) {
+		s.makeRoom(sh, limit, now)
+	}
+	st := State((now + left) * fracScale)
+	sh.m.put(id, memEntry{state: st, expires: st.fullAt()})
+}
+
+// owedUS returns how many microseconds the key's bucket under rule r takes
+// to be full again (0: full).
+func (s *MemoryStore) owedUS(r *Rule, key string) int64 {
+	id := s.hash.id(r.bucket, key)
+	sh := &s.shards[id.shard()]
+	sh.mu.Lock()
+	e, ok := sh.m.get(id)
+	sh.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	return max(0, e.state.fullAt()-s.now())
+}
+
+// admittedLocally adds what a local decision admitted to the ledger.
+func (o *outage) admittedLocally(e *owed, tokens int64) {
+	o.mu.Lock()
+	e.admitted += tokens
+	o.mu.Unlock()
+}
+
+// chargeOf returns, in the zone's ticks, what a key's entry charges: the
+// tokens its local bucket admitted, at most what that bucket owes now (a
+// 1/n share of the tokens at 1/n of the rate: the shared bucket owes n
+// times the local debt, the same time).
+func (l *Limiter) chargeOf(e *owed) int64 {
+	r := e.rule
+	ticks := e.admitted * r.interval
+	if m, ok := l.local.(*MemoryStore); ok {
+		left := m.owedUS(e.local, e.key) // microseconds
+		// left us of the zone's refill is left*denom ticks, and the
+		// local bucket is 1/n of the shared one: n times that, over n.
+		ticks = min(ticks, left*r.denom)
+	}
+	return max(0, ticks)
+}
+
+// settle charges the ledger's entries of a request's zones before the
+// store decides it: a node does not let Redis admit a key ahead of what it
+// admitted locally. A zone whose charge another request is making waits
+// for it. It returns the store's error when a charge failed: the request
+// then takes its zones' failure policy, and the charge is made later.
+func (l *Limiter) settle(ctx context.Context, reqs []Request) error {
+	ch, ok := l.store.(charger)
+	if !ok {
+		return nil
+	}
+	for {
+		var wait chan struct{}
+		var mine []*owed
+		var charges []Charge
+		var snap []int64
+		o := &l.out
+		o.mu.Lock()
+		for i := range reqs {
+			e := o.entries[outageKey{reqs[i].Rule.bucket, reqs[i].Key}]
+			switch {
+			case e == nil:
+			case e.charging != nil:
+				wait = e.charging
+			default:
+				e.charging = make(chan struct{})
+				mine = append(mine, e)
+				snap = append(snap, e.admitted)
+			}
+		}
+		o.mu.Unlock()
+		for _, e := range mine {
+			charges = append(charges, Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)})
+		}
+		if len(mine) > 0 {
+			err := l.sendCharges(ctx, ch, mine, charges, snap)
+			if err != nil {
+				return err
+			}
+		}
+		if wait == nil {
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// sendCharges sends the charges of the entries (each taken, with the
+// tokens it had admitted in snap) and ends them: an entry charged leaves
+// the ledger (or keeps what its bucket admitted meanwhile), one that
+// failed stays for later.
+func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, charges []Charge, snap []int64) error {
+	err := ch.Charge(ctx, charges)
+	o := &l.out
+	o.mu.Lock()
+	for i, e := range mine {
+		if err == nil {
+			o.charged.Add(1)
+			e.admitted -= snap[i]
+			if e.admitted <= 0 {
+				delete(o.entries, outageKey{e.rule.bucket, e.key})
+			}
+		}
+		close(e.charging)
+		e.charging = nil
+	}
+	o.pending.Store(int64(len(o.entries)))
+	o.mu.Unlock()
+	return err
+}
+
+// flushCharges charges, in the background, every entry of the ledger: the
+// store has just decided, so it is back. One flush runs at a time.
+func (l *Limiter) flushCharges() {
+	ch, ok := l.store.(charger)
+	if !ok || !l.out.flushing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer l.out.flushing.Store(false)
+		o := &l.out
+		for o.pending.Load() > 0 {
+			var mine []*owed
+			var snap []int64
+			o.mu.Lock()
+			for _, e := range o.entries {
+				if e.charging == nil && len(mine) < maxBatch {
+					e.charging = make(chan struct{})
+					mine = append(mine, e)
+					snap = append(snap, e.admitted)
+				}
+			}
+			o.mu.Unlock()
+			if len(mine) == 0 {
+				return // the requests are charging the rest
+			}
+			charges := make([]Charge, len(mine))
+			for i, e := range mine {
+				charges[i] = Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)}
+			}
+			if err := l.sendCharges(context.Background(), ch, mine, charges, snap); err != nil {
+				return // the store is away again: the next decision it makes flushes
+			}
+		}
+	}()
+}
+
+// OutageCharges returns how many keys' local admissions were charged to
+// the store, how many keys wait to be, and how many a full ledger left out.
+func (l *Limiter) OutageCharges() (charged uint64, pending int64, left uint64) {
+	return l.out.charged.Load(), l.out.pending.Load(), l.out.full.Load()
+}

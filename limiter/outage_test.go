@@ -1,0 +1,167 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// outageLimiter returns a limiter on a Redis store with a short timeout and
+// a breaker that opens at the first failure, a deny cache and local
+// fallback buckets, and a zone of 10 per second, burst 10, on two nodes.
+func outageLimiter(t *testing.T, srv *redistest.Server) (*Limiter, *Rule) {
+	t.Helper()
+	r, err := NewRule(RuleConfig{Name: "o", Rate: 10, Per: time.Second, Burst: 10, FleetSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 100 * time.Millisecond,
+		MaxWait: 200 * time.Millisecond, BreakerFailures: 1, BreakerCooldown: 50 * time.Millisecond})
+	local := NewMemoryStore(MemoryOptions{})
+	t.Cleanup(func() { _ = local.Close() })
+	l := New(rs, Options{Cache: NewDenyCache(DenyCacheOptions{}), Local: local})
+	t.Cleanup(l.Close)
+	return l, r
+}
+
+// drain takes every token of the key's bucket through l, and returns when
+// the last one went.
+func drain(t *testing.T, l *Limiter, r *Rule, key string) time.Time {
+	t.Helper()
+	for range 100 {
+		reqs := []Request{{Rule: r, Key: key, Cost: 1}}
+		if out := l.Decide(context.Background(), reqs, make([]Result, 1)); out != Allowed {
+			if out != Denied {
+				t.Fatalf("draining: %s", out)
+			}
+			return time.Now()
+		}
+	}
+	t.Fatal("the bucket did not run dry in 100 requests")
+	return time.Time{}
+}
+
+// localAdmits decides requests for the key until the local fallback
+// denies one, and returns how many it admitted. Denials by the deny cache
+// (what Redis said last, before it stopped) come first.
+func localAdmits(t *testing.T, l *Limiter, r *Rule, key string) int64 {
+	t.Helper()
+	var n int64
+	for range 1000 {
+		out := l.Decide(context.Background(), []Request{{Rule: r, Key: key, Cost: 1}}, make([]Result, 1))
+		switch out {
+		case LocalAllowed:
+			n++
+		case LocalDenied:
+			return n
+		case Denied:
+			time.Sleep(5 * time.Millisecond)
+		default:
+			t.Fatalf("Redis is paused and the decision was %s", out)
+		}
+	}
+	t.Fatal("the local bucket admitted 100 requests")
+	return n
+}
+
+// TestOutageLocalStartsFromRedis drains a key's bucket in Redis, then pauses
+// Redis: the key's local bucket starts from what Redis last said (empty,
+// refilled since at this node's share of the rate), not full.
+func TestOutageLocalStartsFromRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	l, r := outageLimiter(t, srv)
+	drained := drain(t, l, r, "k")
+	srv.Pause()
+	defer srv.Resume()
+	n := localAdmits(t, l, r, "k")
+	// The node's share: 5 per second, from empty.
+	elapsed := time.Since(drained)
+	bound := 1 + int64(elapsed.Seconds()*5)
+	t.Logf("local admits right after the drain: %d in %s (bound %d; a full local bucket holds 5)", n, elapsed.Round(time.Millisecond), bound)
+	if n > bound {
+		t.Fatalf("the local bucket admitted %d right after Redis said the bucket was empty (at most %d)", n, bound)
+	}
+	// A key this node never saw starts at burst / fleet size.
+	if n := localAdmits(t, l, r, "fresh"); n != 5 {
+		t.Fatalf("a key never seen: %d local admits, want 5 (burst 10 / 2 nodes)", n)
+	}
+}
+
+// TestOutageChargedOnReturn: what the local bucket admitted while Redis was
+// paused is charged to Redis before the key is decided there again, so
+// that over the drain, the outage and the return the key gets no more than
+// the refill of the time elapsed.
+func TestOutageChargedOnReturn(t *testing.T) {
+	srv := redistest.Start(t)
+	l, r := outageLimiter(t, srv)
+	drained := drain(t, l, r, "k")
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	time.Sleep(600 * time.Millisecond)
+	local := localAdmits(t, l, r, "k")
+	srv.Resume()
+	resumed = true
+	var back int64
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		out := l.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+		if out == Allowed {
+			back++
+			continue
+		}
+		if out == Denied {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the breaker's cooldown, a probe
+	}
+	elapsed := time.Since(drained)
+	bound := 1 + int64(elapsed.Seconds()*10)
+	t.Logf("after the drain: %d admitted locally, %d by Redis on its return, in %s (bound %d)",
+		local, back, elapsed.Round(time.Millisecond), bound)
+	if local == 0 {
+		t.Fatal("the local bucket admitted nothing in 600ms at 5 per second")
+	}
+	if local+back > bound {
+		t.Fatalf("%d + %d admitted in %s: more than the refill (%d): the local admits were not charged", local, back, elapsed.Round(time.Millisecond), bound)
+	}
+}
+
+// TestChargeLeavesDebt: a charge may leave a bucket owing more than its
+// capacity, and the key then waits for the refill it owes.
+func TestChargeLeavesDebt(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr})
+	r := mustRule(t, "c", 10, time.Second, 10)
+	// Three bucketfuls: 30 tokens.
+	if err := rs.Charge(context.Background(), []Charge{{Rule: r, Key: "k", Ticks: 3 * r.capacity}}); err != nil {
+		t.Fatal(err)
+	}
+	// The bucket is full again 3 seconds after the charge: its stored
+	// time (microseconds and 3 digits of ticks) against Redis' clock.
+	v, err := strconv.ParseInt(srv.MustDo("GET", rs.Key(r.bucket, "k")), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := strings.Fields(srv.MustDo("TIME"))
+	sec, _ := strconv.ParseInt(strings.Trim(tm[0], "[]\"\n"), 10, 64)
+	usec, _ := strconv.ParseInt(strings.Trim(tm[1], "[]\"\n"), 10, 64)
+	owed := time.Duration(v/1000-(sec*1e6+usec)) * time.Microsecond
+	t.Logf("after a charge of 30 tokens the bucket is full in %s", owed)
+	if owed < 2500*time.Millisecond || owed > 3*time.Second {
+		t.Fatalf("after a charge of 30 tokens at 10 per second the bucket is full in %s, want about 3s", owed)
+	}
+	res := make([]Result, 1)
+	if ok, err := rs.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, res); err != nil || ok {
+		t.Fatalf("a bucket in debt: allowed %v, %v", ok, err)
+	}
+}
