@@ -186,8 +186,10 @@ type Options struct {
 	// (see observer.go).
 	Observer Observer
 	// FleetSize, if set, returns how many nodes share the limits lately
-	// (this one included): the divisor of the local fallback buckets of
-	// zones whose fleet size is not fixed. Default: 1.
+	// (this one included). The divisor of the local fallback buckets of
+	// zones whose fleet size is not fixed is the largest it returned in
+	// the last 10 minutes (sampled once a second; see divisor.go).
+	// Default: 1.
 	FleetSize func() int64
 }
 
@@ -223,6 +225,11 @@ type Limiter struct {
 	// out is the ledger of what local buckets admitted during an outage,
 	// charged to the store when it returns (outage.go).
 	out outage
+	// div is the largest fleet size seen lately (divisor.go), sampled
+	// until stopFleet closes.
+	div       fleetDivisor
+	stopFleet chan struct{}
+	closeOnce sync.Once
 }
 
 // New returns a limiter deciding through store.
@@ -232,6 +239,10 @@ func New(store Store, opt Options) *Limiter {
 	}
 	l := &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
 	l.watchBans() // bans.go
+	l.stopFleet = make(chan struct{})
+	if l.fleet != nil {
+		go l.sampleFleetEvery(l.stopFleet) // divisor.go
+	}
 	return l
 }
 
@@ -371,10 +382,7 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 	var idxBuf [8]int
 	var owedBuf [8]*owed
 	lreqs, idx, ledger := reqBuf[:0], idxBuf[:0], owedBuf[:0]
-	view := int64(1)
-	if l.fleet != nil {
-		view = l.fleet()
-	}
+	view := l.fleetSize() // divisor.go
 	for i := range reqs {
 		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
 			local, divisor := r.localFor(view)
@@ -429,9 +437,16 @@ func (l *Limiter) logFallback(r *Rule, divisor int64) {
 	if !l.lastLocal.CompareAndSwap(last, now) || now-last < int64(fallbackQuiet) {
 		return
 	}
-	source := "the nodes seen by the fleet view in the last 10s"
-	if r.fleetSize > 0 {
+	source := "the largest fleet the fleet view saw in the last " + divisorWindow.String()
+	switch {
+	case r.fleetSize > 0:
 		source = "fleet_size"
+	case divisor == 1:
+		// A node started during the outage knows no fleet yet.
+		l.log.Warn("rate limit local fallback divides by 1: this node saw no other node lately and the zone sets no fleet_size; "+
+			"each node may admit the whole limit until Redis returns (set fleet_size to bound it)",
+			zap.String("zone", r.name))
+		source = "no fleet view and no fleet_size"
 	}
 	l.log.Warn("rate limit store cannot decide; zones with on_error local limit on this node's own buckets",
 		zap.String("zone", r.name), zap.Int64("divisor", divisor), zap.String("divisor_from", source),

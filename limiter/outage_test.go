@@ -2,10 +2,15 @@ package limiter
 
 import (
 	"context"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
@@ -163,5 +168,54 @@ func TestChargeLeavesDebt(t *testing.T) {
 	res := make([]Result, 1)
 	if ok, err := rs.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, res); err != nil || ok {
 		t.Fatalf("a bucket in debt: allowed %v, %v", ok, err)
+	}
+}
+
+// TestDivisorKeepsLargestFleet: the fleet view saw 3 nodes, then Redis came
+// back empty and the view sees this node alone: the local buckets still
+// divide by 3, and a node that never saw the fleet divides by 1 and says
+// so.
+func TestDivisorKeepsLargestFleet(t *testing.T) {
+	t.Parallel()
+	// Nothing listens there: every decision fails, at once.
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
+	rs := newRedisStore(t, RedisOptions{Address: addr})
+	local := NewMemoryStore(MemoryOptions{})
+	t.Cleanup(func() { _ = local.Close() })
+	r, err := NewRule(RuleConfig{Name: "d", Rate: 30, Per: time.Hour, Burst: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view atomic.Int64
+	view.Store(3)
+	core, logs := observer.New(zap.InfoLevel)
+	l := New(rs, Options{Local: local, FleetSize: view.Load, Log: zap.New(core)})
+	t.Cleanup(l.Close)
+	if out := l.Decide(context.Background(), []Request{{Rule: r, Key: "a", Cost: 1}}, make([]Result, 1)); out != LocalAllowed {
+		t.Fatalf("first decision: %s", out)
+	}
+	view.Store(1) // Redis restarted empty: the view sees this node alone
+	n := 0
+	for range 40 {
+		if l.Decide(context.Background(), []Request{{Rule: r, Key: "b", Cost: 1}}, make([]Result, 1)) == LocalAllowed {
+			n++
+		}
+	}
+	t.Logf("local admits after the fleet view dropped from 3 nodes to 1: %d", n)
+	if n != 10 {
+		t.Fatalf("%d local admits of a burst of 30 after the view dropped from 3 to 1 node: want 10 (the divisor stays 3)", n)
+	}
+	changes := logs.FilterMessage("rate limit local fallback divisor changed").All()
+	if len(changes) != 1 || changes[0].ContextMap()["new"] != int64(3) || changes[0].ContextMap()["old"] != int64(1) {
+		t.Fatalf("divisor changes logged: %v, want one from 1 to 3", changes)
+	}
+
+	// A node that never saw the fleet divides by 1, and warns.
+	core, logs = observer.New(zap.InfoLevel)
+	l2 := New(rs, Options{Local: local, FleetSize: func() int64 { return 1 }, Log: zap.New(core)})
+	t.Cleanup(l2.Close)
+	l2.Decide(context.Background(), []Request{{Rule: r, Key: "c", Cost: 1}}, make([]Result, 1))
+	if logs.FilterMessageSnippet("divides by 1").Len() == 0 {
+		t.Fatalf("a node with no fleet view did not warn that it divides by 1: %v", logs.All())
 	}
 }

@@ -350,6 +350,7 @@ func (l *Limiter) PrefetchStats() (hits, taken, returned uint64) {
 // Close gives back the spares this limiter holds and stops its
 // background work. Decisions must not be made after it.
 func (l *Limiter) Close() {
+	l.closeOnce.Do(func() { close(l.stopFleet) })
 	l.sparesMu.Lock()
 	sp := l.spares.Swap(nil)
 	l.closed = true
