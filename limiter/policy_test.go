@@ -29,7 +29,8 @@ func TestDefaultPolicyIsLocal(t *testing.T) {
 
 // TestFailurePolicyLocalFleetView: a zone without a fixed fleet size
 // divides its limit by the nodes the fleet view saw, follows the view when
-// it changes, and logs the divisor once when the fallback starts.
+// it grows but not when it shrinks (divisor.go), and logs the divisor once
+// when the fallback starts.
 func TestFailurePolicyLocalFleetView(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
@@ -55,13 +56,15 @@ func TestFailurePolicyLocalFleetView(t *testing.T) {
 	if got := count("a", 30); got != 10 {
 		t.Fatalf("4 nodes: the local bucket admitted %d of a burst of 40, want 10", got)
 	}
-	nodes.Store(2)
-	if got := count("b", 30); got != 20 {
-		t.Fatalf("2 nodes: admitted %d, want 20", got)
+	nodes.Store(8)
+	if got := count("b", 30); got != 5 {
+		t.Fatalf("8 nodes: admitted %d, want 5", got)
 	}
-	nodes.Store(0) // a view that never saw a node counts this one
-	if got := count("c", 60); got != 40 {
-		t.Fatalf("no view: admitted %d, want the whole burst of 40", got)
+	// A view that sees fewer nodes (Redis restarted empty) does not
+	// lower the divisor: the largest fleet of the last 10 minutes holds.
+	nodes.Store(0)
+	if got := count("c", 60); got != 5 {
+		t.Fatalf("no view after one of 8 nodes: admitted %d, want 5", got)
 	}
 	starts := logs.FilterMessageSnippet("limit on this node's own buckets").All()
 	if len(starts) != 1 {
