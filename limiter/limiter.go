@@ -225,6 +225,9 @@ type Limiter struct {
 	// out is the ledger of what local buckets admitted during an outage,
 	// charged to the store when it returns (outage.go).
 	out outage
+	// storeUp reports whether the store's last call decided (the
+	// charges wait for it).
+	storeUp atomic.Bool
 	// div is the largest fleet size seen lately (divisor.go), sampled
 	// until stopFleet closes.
 	div       fleetDivisor
@@ -318,6 +321,9 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	start := l.observeStart()
 	ok, err := l.store.Decide(ctx, reqs, results)
 	l.observeStore(start, err)
+	if up := err == nil; l.storeUp.Load() != up {
+		l.storeUp.Store(up)
+	}
 	if err == nil && l.out.pending.Load() > 0 {
 		l.flushCharges() // the store is back: charge every key
 	}

@@ -143,17 +143,17 @@ func (o *outage) admittedLocally(e *owed, tokens int64) {
 }
 
 // chargeOf returns, in the zone's ticks, what a key's entry charges: the
-// tokens its local bucket admitted, at most what that bucket owes now (a
-// 1/n share of the tokens at 1/n of the rate: the shared bucket owes n
-// times the local debt, the same time).
+// tokens its local bucket admitted, at most this node's share of what the
+// shared bucket would owe by the local bucket's state.
 func (l *Limiter) chargeOf(e *owed) int64 {
 	r := e.rule
 	ticks := e.admitted * r.interval
 	if m, ok := l.local.(*MemoryStore); ok {
 		left := m.owedUS(e.local, e.key) // microseconds
-		// left us of the zone's refill is left*denom ticks, and the
-		// local bucket is 1/n of the shared one: n times that, over n.
-		ticks = min(ticks, left*r.denom)
+		// The local bucket owes a 1/n share of the tokens at 1/n of the
+		// rate: the shared bucket owes left microseconds of its refill
+		// (left*denom ticks) for the fleet, this node 1/n of it.
+		ticks = min(ticks, ceilDiv(left*r.denom, max(1, e.n)))
 	}
 	return max(0, ticks)
 }
@@ -163,9 +163,15 @@ func (l *Limiter) chargeOf(e *owed) int64 {
 // admitted locally. A zone whose charge another request is making waits
 // for it. It returns the store's error when a charge failed: the request
 // then takes its zones' failure policy, and the charge is made later.
+//
+// Charges are sent only once the store has decided again (storeUp): a
+// charge is not idempotent, and one sent to a Redis that is hung could run
+// when it resumes, after this node gave up on it and charged again. While
+// the store is not known to be back, the request goes to the store as it
+// is: the breaker's probe, one request per cooldown.
 func (l *Limiter) settle(ctx context.Context, reqs []Request) error {
 	ch, ok := l.store.(charger)
-	if !ok {
+	if !ok || !l.storeUp.Load() {
 		return nil
 	}
 	for {
@@ -214,6 +220,9 @@ func (l *Limiter) settle(ctx context.Context, reqs []Request) error {
 // failed stays for later.
 func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, charges []Charge, snap []int64) error {
 	err := ch.Charge(ctx, charges)
+	if err != nil && ctx.Err() == nil {
+		l.storeUp.Store(false)
+	}
 	o := &l.out
 	o.mu.Lock()
 	for i, e := range mine {
