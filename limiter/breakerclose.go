@@ -12,9 +12,10 @@ import (
 // finds Redis answering again (its breaker closes) publishes
 // breakerClosedMsg on the store's ban channel (redisunban.go), and every
 // node that receives it closes its breaker at once. A node whose
-// subscription has not come back yet misses the message: its own probe,
-// within a cooldown, brings it back. Either way a node stays local at most
-// a cooldown (BreakerCooldown, 1s by default) once Redis answers.
+// subscription broke (Redis restarted, or failed over) subscribes again
+// within banRetryMax of Redis answering, and closes its breaker then.
+// Either way a node stays local at most a cooldown (BreakerCooldown, 1s by
+// default) once Redis answers, and mostly a fraction of a second.
 
 // breakerClosedMsg is the ban channel's message that a node found Redis
 // answering. A ban lift's message is "<key> <bucket>", with a space, which

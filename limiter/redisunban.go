@@ -41,8 +41,10 @@ const (
 	// connection: a connection that died without a word is noticed.
 	banPing = 30 * time.Second
 	// banRetryMax is the longest pause between two attempts to subscribe
-	// while Redis is away.
-	banRetryMax = 5 * time.Second
+	// while Redis is away: short, because a subscription that comes back
+	// also ends the breaker's open state (breakerclose.go), and an attempt
+	// on a server that is down costs a refused dial.
+	banRetryMax = 200 * time.Millisecond
 	// banRefusedRetry is how long the subscriber waits before it tries
 	// again when Redis refuses it the channel (an ACL without it).
 	banRefusedRetry = time.Minute
@@ -259,6 +261,7 @@ func (l *banListener) run(b *redisBans) {
 			case *redis.Subscription:
 				pause = 0
 				if !failedAt.IsZero() {
+					b.s.breaker.Close() // Redis answers again (breakerclose.go)
 					b.catchUp(failedAt)
 					failedAt = time.Time{}
 				}
