@@ -311,6 +311,12 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 
 func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	if l.out.pending.Load() > 0 { // outage.go: charges first
+		if l.returning(reqs) {
+			for i := range results {
+				results[i] = Result{Allowed: true, Unknown: true}
+			}
+			return l.decideLocal(ctx, reqs, results)
+		}
 		if err := l.settle(ctx, reqs); err != nil {
 			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 				return Canceled
@@ -323,6 +329,9 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	l.observeStore(start, err)
 	if up := err == nil; l.storeUp.Load() != up {
 		l.storeUp.Store(up)
+		if up && l.out.pending.Load() > 0 {
+			l.out.graceUntil.Store(time.Now().Add(returnGrace).UnixNano())
+		}
 	}
 	if err == nil && l.out.pending.Load() > 0 {
 		l.flushCharges() // the store is back: charge every key

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Across an outage. While the store cannot decide, a zone with the local
@@ -27,10 +28,25 @@ import (
 //     one that refilled to full (or restarted empty) owes exactly what the
 //     local buckets owe. A charge may leave the bucket owing more than its
 //     capacity.
+//   - The nodes do not come back to Redis at the same moment (the breaker
+//     closes on each as its probe, the ban channel's message or its
+//     subscription tells it Redis answers: a fraction of a second apart).
+//     A node back first would decide on a bucket that the others' charges
+//     have not reached yet, and give out their shares again. So a node
+//     that comes back sends its charges at once, but keeps deciding the
+//     keys of zones with the local policy on its local buckets for
+//     returnGrace more (charged in turn), by which time the other nodes'
+//     charges are in.
 //
 // The keys with a charge to make are kept in a ledger of at most
 // maxOutageKeys entries per limiter; a key that finds it full decides on
 // its local bucket as it starts (full) and is charged nothing.
+
+// returnGrace is how long a node that finds Redis back keeps deciding the
+// local zones' keys on its local buckets, while every node's charges go
+// in: longer than the nodes take to notice Redis answers after the first
+// one did (banRetryMax and a dial).
+const returnGrace = 500 * time.Millisecond
 
 // maxOutageKeys bounds the ledger of the keys decided locally during an
 // outage.
@@ -61,6 +77,9 @@ type outage struct {
 	// the store is healthy.
 	pending  atomic.Int64
 	flushing atomic.Bool
+	// graceUntil is when the grace after Redis came back ends (unix
+	// nanoseconds; 0: none).
+	graceUntil atomic.Int64
 	// charged and full count the charges made and the keys the full
 	// ledger left out.
 	charged, full atomic.Uint64
@@ -224,12 +243,13 @@ func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, cha
 		l.storeUp.Store(false)
 	}
 	o := &l.out
+	grace := time.Now().UnixNano() < o.graceUntil.Load() // keep the entries: local until it ends
 	o.mu.Lock()
 	for i, e := range mine {
 		if err == nil {
 			o.charged.Add(1)
 			e.admitted -= snap[i]
-			if e.admitted <= 0 {
+			if e.admitted <= 0 && !grace {
 				delete(o.entries, outageKey{e.rule.bucket, e.key})
 			}
 		}
@@ -251,12 +271,20 @@ func (l *Limiter) flushCharges() {
 	go func() {
 		defer l.out.flushing.Store(false)
 		o := &l.out
-		for o.pending.Load() > 0 {
+		o.mu.Lock()
+		all := make([]*owed, 0, len(o.entries))
+		for _, e := range o.entries {
+			all = append(all, e)
+		}
+		o.mu.Unlock()
+		for len(all) > 0 { // each entry once, maxBatch at a time
 			var mine []*owed
 			var snap []int64
 			o.mu.Lock()
-			for _, e := range o.entries {
-				if e.charging == nil && len(mine) < maxBatch {
+			for len(all) > 0 && len(mine) < maxBatch {
+				e := all[0]
+				all = all[1:]
+				if e.charging == nil && o.entries[outageKey{e.rule.bucket, e.key}] == e {
 					e.charging = make(chan struct{})
 					mine = append(mine, e)
 					snap = append(snap, e.admitted)
@@ -264,7 +292,7 @@ func (l *Limiter) flushCharges() {
 			}
 			o.mu.Unlock()
 			if len(mine) == 0 {
-				return // the requests are charging the rest
+				continue // the requests are charging these
 			}
 			charges := make([]Charge, len(mine))
 			for i, e := range mine {
@@ -275,6 +303,27 @@ func (l *Limiter) flushCharges() {
 			}
 		}
 	}()
+}
+
+// returning reports whether the request is to be decided on the local
+// buckets during the grace after Redis came back: every zone of it has the
+// local policy (the others would be left undecided).
+func (l *Limiter) returning(reqs []Request) bool {
+	until := l.out.graceUntil.Load()
+	if until == 0 {
+		return false
+	}
+	if time.Now().UnixNano() >= until {
+		l.out.graceUntil.CompareAndSwap(until, 0)
+		l.flushCharges() // what the grace admitted
+		return false
+	}
+	for i := range reqs {
+		if r := reqs[i].Rule; r.onError != PolicyLocal || r.local == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // OutageCharges returns how many keys' local admissions were charged to
