@@ -66,3 +66,29 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 	}
 	return firstErr
 }
+
+// pinger is a store that can tell whether it answers without deciding
+// anything: the Redis store.
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Ping asks Redis whether it answers (a PING), through the circuit breaker
+// as a decision would go, within the store's timeout. A node with charges
+// to make probes the store this way rather than with a request, which
+// Redis would decide ahead of the charges.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if _, probe := s.breaker.allow(); !probe && s.breaker.State() != BreakerClosed {
+		return ErrBreakerOpen
+	}
+	ctx, cancel := s.timeoutContext(ctx)
+	defer cancel()
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		s.breaker.Failure()
+		return err
+	}
+	if s.breaker.succeed() {
+		s.bans.breakerClosed() // breakerclose.go
+	}
+	return nil
+}

@@ -311,7 +311,7 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 
 func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	if l.out.pending.Load() > 0 { // outage.go: charges first
-		if l.returning(reqs) {
+		if l.returning(reqs) || l.awayWithCharges(reqs) {
 			for i := range results {
 				results[i] = Result{Allowed: true, Unknown: true}
 			}
@@ -327,12 +327,7 @@ func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) 
 	start := l.observeStart()
 	ok, err := l.store.Decide(ctx, reqs, results)
 	l.observeStore(start, err)
-	if up := err == nil; l.storeUp.Load() != up {
-		l.storeUp.Store(up)
-		if up && l.out.pending.Load() > 0 {
-			l.out.graceUntil.Store(time.Now().Add(returnGrace).UnixNano())
-		}
-	}
+	l.setStoreUp(err == nil)
 	if err == nil && l.out.pending.Load() > 0 {
 		l.flushCharges() // the store is back: charge every key
 	}

@@ -77,6 +77,7 @@ type outage struct {
 	// the store is healthy.
 	pending  atomic.Int64
 	flushing atomic.Bool
+	pinging  atomic.Bool
 	// graceUntil is when the grace after Redis came back ends (unix
 	// nanoseconds; 0: none).
 	graceUntil atomic.Int64
@@ -305,6 +306,58 @@ func (l *Limiter) flushCharges() {
 	}()
 }
 
+// setStoreUp records whether the store's last call decided; when it comes
+// back with charges to make, the grace begins.
+func (l *Limiter) setStoreUp(up bool) {
+	if l.storeUp.Load() == up {
+		return
+	}
+	l.storeUp.Store(up)
+	if up && l.out.pending.Load() > 0 {
+		l.out.graceUntil.Store(time.Now().Add(returnGrace).UnixNano())
+	}
+}
+
+// awayWithCharges reports whether the request is to be decided on the
+// local buckets because the store has not answered since it failed and
+// this node has charges to make: Redis would otherwise decide the request
+// ahead of them. It starts a check of the store (a PING through the
+// breaker, one at a time, in the background), whose success begins the
+// grace.
+func (l *Limiter) awayWithCharges(reqs []Request) bool {
+	if l.storeUp.Load() || !l.allLocal(reqs) {
+		return false
+	}
+	p, ok := l.store.(pinger)
+	if !ok {
+		return false
+	}
+	if l.out.pinging.CompareAndSwap(false, true) {
+		go func() {
+			defer l.out.pinging.Store(false)
+			if p.Ping(context.Background()) == nil {
+				l.setStoreUp(true)
+				l.flushCharges()
+			}
+		}()
+	}
+	return true
+}
+
+// allLocal reports whether every zone of the request has the local policy
+// (a request with others cannot be decided on local buckets alone).
+func (l *Limiter) allLocal(reqs []Request) bool {
+	if l.local == nil {
+		return false
+	}
+	for i := range reqs {
+		if r := reqs[i].Rule; r.onError != PolicyLocal || r.local == nil {
+			return false
+		}
+	}
+	return true
+}
+
 // returning reports whether the request is to be decided on the local
 // buckets during the grace after Redis came back: every zone of it has the
 // local policy (the others would be left undecided).
@@ -318,12 +371,7 @@ func (l *Limiter) returning(reqs []Request) bool {
 		l.flushCharges() // what the grace admitted
 		return false
 	}
-	for i := range reqs {
-		if r := reqs[i].Rule; r.onError != PolicyLocal || r.local == nil {
-			return false
-		}
-	}
-	return true
+	return l.allLocal(reqs)
 }
 
 // OutageCharges returns how many keys' local admissions were charged to
