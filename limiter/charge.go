@@ -2,6 +2,9 @@ package limiter
 
 import (
 	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
@@ -83,7 +86,8 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	}
 	ctx, cancel := s.timeoutContext(ctx)
 	defer cancel()
-	if err := s.client.Ping(ctx).Err(); err != nil {
+	var refused redis.Error // Redis answered, if only to refuse: it is up
+	if err := s.client.Ping(ctx).Err(); err != nil && !errors.As(err, &refused) {
 		s.breaker.Failure()
 		return err
 	}

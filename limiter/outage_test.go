@@ -219,3 +219,36 @@ func TestDivisorKeepsLargestFleet(t *testing.T) {
 		t.Fatalf("a node with no fleet view did not warn that it divides by 1: %v", logs.All())
 	}
 }
+
+// TestBreakerClosesEverywhere: two nodes' breakers are open; the first
+// whose call finds Redis answering closes the other's too, through the
+// ban channel, long before the other's cooldown ends.
+func TestBreakerClosesEverywhere(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := newRedisStore(t, RedisOptions{Address: srv.Addr, BreakerFailures: 1, BreakerCooldown: 10 * time.Millisecond})
+	b := newRedisStore(t, RedisOptions{Address: srv.Addr, BreakerFailures: 1, BreakerCooldown: time.Hour})
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.HasSuffix(srv.MustDo("PUBSUB", "NUMSUB", a.banChannel()), "\n2") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stores did not subscribe to %s: %s", a.banChannel(), srv.MustDo("PUBSUB", "NUMSUB", a.banChannel()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.Breaker().Failure()
+	b.Breaker().Failure()
+	if a.Breaker().State() == BreakerClosed || b.Breaker().State() != BreakerOpen {
+		t.Fatalf("breakers %s and %s, want both open", a.Breaker().State(), b.Breaker().State())
+	}
+	r := mustRule(t, "be", 10, time.Second, 10)
+	for a.Breaker().State() != BreakerClosed && time.Now().Before(deadline) {
+		_, _ = a.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+		time.Sleep(20 * time.Millisecond)
+	}
+	for b.Breaker().State() != BreakerClosed && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if b.Breaker().State() != BreakerClosed {
+		t.Fatalf("the other store's breaker is %s after the first closed (its cooldown is an hour)", b.Breaker().State())
+	}
+}
