@@ -311,11 +311,16 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 
 func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	if l.out.pending.Load() > 0 { // outage.go: charges first
-		if l.returning(reqs) || l.awayWithCharges(reqs) {
+		if l.returning(reqs) {
 			for i := range results {
 				results[i] = Result{Allowed: true, Unknown: true}
 			}
 			return l.decideLocal(ctx, reqs, results)
+		}
+		if l.awayWithCharges(reqs) {
+			// As good as an open breaker: the store is not called.
+			l.observeStore(l.observeStart(), errAwayWithCharges)
+			return l.fail(ctx, reqs, results, errAwayWithCharges)
 		}
 		if err := l.settle(ctx, reqs); err != nil {
 			if errors.Is(err, context.Canceled) && ctx.Err() != nil {

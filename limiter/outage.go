@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -317,6 +318,10 @@ func (l *Limiter) setStoreUp(up bool) {
 		l.out.graceUntil.Store(time.Now().Add(returnGrace).UnixNano())
 	}
 }
+
+// errAwayWithCharges is the failure of a request that awayWithCharges
+// kept from the store.
+var errAwayWithCharges = fmt.Errorf("%w: this node has charges to make and waits for Redis to answer a PING", ErrBreakerOpen)
 
 // awayWithCharges reports whether the request is to be decided on the
 // local buckets because the store has not answered since it failed and
