@@ -1,0 +1,364 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+)
+
+// observed is everything a run saw, for the checks.
+type observed struct {
+	requests []*request
+	seen     map[string]seenRequest // the upstream's, by request id
+	peaks    []peak
+	windows  []window
+	bans     []banSeen
+}
+
+// checker checks one run's observations against the scenario's model.
+type checker struct {
+	s   *Scenario
+	o   *observed
+	out []Violation
+}
+
+func (c *checker) fail(inv, format string, args ...any) {
+	c.out = append(c.out, Violation{Invariant: inv, Detail: fmt.Sprintf(format, args...)})
+}
+
+// inFault reports whether the span [from, to] meets a fault window of a
+// kind for which match is true, widened by before and after.
+func (c *checker) inFault(from, to time.Time, before, after time.Duration, match func(kind string) bool) bool {
+	for _, w := range c.o.windows {
+		if match(w.kind) && !to.Before(w.start.Add(-before)) && !from.After(w.end.Add(after)) {
+			return true
+		}
+	}
+	return false
+}
+
+// redisDown matches the faults that keep Redis from deciding; none does
+// on the memory store, which never fails.
+func (c *checker) redisDown(kind string) bool {
+	return c.s.Topology != Memory && redisFault(kind)
+}
+
+// bucket is one zone's bucket of one key, and the requests that drew on it.
+type bucket struct {
+	zone     int
+	key      string
+	client   *Client
+	requests []*request
+}
+
+// buckets groups the requests by zone and bucket key.
+func (c *checker) buckets() []*bucket {
+	idx := map[string]*bucket{}
+	var out []*bucket
+	for _, q := range c.o.requests {
+		for _, zi := range c.s.Targets[q.target].Zones {
+			z := c.s.Zones[zi]
+			key := "all"
+			if !z.Global {
+				key = bucketKey(q.key)
+			}
+			id := z.Name + "|" + key
+			b := idx[id]
+			if b == nil {
+				b = &bucket{zone: zi, key: key, client: q.client}
+				idx[id] = b
+				out = append(out, b)
+			}
+			b.requests = append(b.requests, q)
+		}
+	}
+	return out
+}
+
+// checkBounds checks every bucket's admitted tokens against its exact bound
+// plus the named allowances.
+func (c *checker) checkBounds() int {
+	checked := 0
+	for _, b := range c.buckets() {
+		z := c.s.Zones[b.zone]
+		if z.DryRun || z.Algorithm == Concurrency {
+			continue
+		}
+		rate, burst := c.s.rule(z, b.client)
+		rule := bucketRule{zone: z, rate: rate, burst: burst, per: z.Per, reserve: c.s.reserveOf(z, b.client), nodes: c.s.Nodes}
+		if z.Global {
+			rule.reserve = 0 // clients of several reserves share it
+		}
+		var first, last time.Time
+		var tokens, failOpen float64
+		for _, q := range b.requests {
+			if first.IsZero() || q.sent.Before(first) {
+				first = q.sent
+			}
+			up, ok := c.o.seen[q.id]
+			if !ok || !counted(z.CountStatus, up.status) {
+				continue
+			}
+			cost := float64(q.cost)
+			if z.Cost > 0 {
+				cost = float64(z.Cost)
+			}
+			if up.at.After(last) {
+				last = up.at
+			}
+			if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, recoveryMargin, c.redisDown) {
+				failOpen += cost // the allowance named "on_error allow"
+				continue
+			}
+			tokens += cost
+		}
+		if tokens == 0 {
+			continue
+		}
+		checked++
+		bound := rule.exact(last.Sub(first))
+		allow := rule.evictionShare()
+		var named []string
+		if z.OnError == "local" {
+			for _, w := range c.o.windows {
+				if c.redisDown(w.kind) && !w.end.Add(recoveryMargin).Before(first) && !w.start.After(last) {
+					share := rule.fallbackShare(w.end.Sub(w.start) + recoveryMargin)
+					allow += share
+					named = append(named, fmt.Sprintf("fallback %s %.0f", w.kind, share))
+				}
+			}
+		}
+		if c.s.Topology != Memory {
+			for _, w := range c.o.windows {
+				if dataLoss(w.kind) && !w.end.Before(first) && !w.start.After(last) {
+					allow += rule.dataLossShare()
+					named = append(named, fmt.Sprintf("data loss %s %.0f", w.kind, rule.dataLossShare()))
+				}
+			}
+		}
+		if tokens > math.Floor(bound+allow+1e-9) {
+			c.fail(InvBound, "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
+				z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests), int(failOpen))
+		}
+	}
+	return checked
+}
+
+// checkInFlight checks the upstream's counts of requests in flight per
+// concurrency zone and key against the zone's limit, with the fallback's
+// allowance during a fault.
+func (c *checker) checkInFlight() {
+	zones := map[string]*Zone{}
+	for _, z := range c.s.Zones {
+		zones[z.Name] = z
+	}
+	worst := map[string]peak{}
+	for _, p := range c.o.peaks {
+		z := zones[p.zone]
+		if z.DryRun {
+			continue
+		}
+		if c.inFault(p.at, p.at, redisTimeout, recoveryMargin, c.redisDown) {
+			switch z.OnError {
+			case "allow":
+				continue
+			case "local":
+				if p.n <= z.Limit+concurrencyShare(z.Limit, c.s.Nodes) {
+					continue
+				}
+			}
+		}
+		k := p.zone + "|" + p.key
+		if p.n > worst[k].n {
+			worst[k] = p
+		}
+	}
+	for _, p := range worst {
+		c.fail(InvInFlight, "zone %s key %s: %d requests in flight at once at the upstream, limit %d", p.zone, printable(p.key), p.n, zones[p.zone].Limit)
+	}
+}
+
+// checkBans checks that no request of a banned key passed a zone that
+// banned it while the ban held, by the bans the admin API listed.
+func (c *checker) checkBans() {
+	const margin = 50 * time.Millisecond // Redis' clock and this one: the same machine
+	zoneIdx := map[string]int{}
+	for i, z := range c.s.Zones {
+		zoneIdx[z.Name] = i
+	}
+	for _, ban := range c.o.bans {
+		zi, ok := zoneIdx[ban.Zone]
+		if !ok || c.s.Zones[zi].DryRun {
+			continue
+		}
+		n := 0
+		var example *request
+		for _, q := range c.o.requests {
+			if q.key == "" || !banNames(ban.Key, q.key) || !hasZone(c.s.Targets[q.target], zi) {
+				continue
+			}
+			up, ok := c.o.seen[q.id]
+			if !ok || q.sent.Before(ban.Start.Add(margin)) || up.at.After(ban.End.Add(-margin)) {
+				continue
+			}
+			n++
+			if example == nil {
+				example = q
+			}
+		}
+		if n > 0 {
+			during := ""
+			if c.inFault(example.sent, c.o.seen[example.id].at, 0, recoveryMargin, c.redisDown) {
+				during = " (during a Redis fault)"
+			}
+			c.fail(InvBan, "zone %s key %s banned %s to %s: %d requests admitted while banned, e.g. %s sent %s through node %d%s",
+				ban.Zone, printable(ban.Key), ban.Start.Format("15:04:05.000"), ban.End.Format("15:04:05.000"), n,
+				c.s.Targets[example.target].Path, example.sent.Format("15:04:05.000"), example.node, during)
+		}
+	}
+}
+
+// banNames reports whether a ban's key (as the admin API lists it) names a
+// client's key: the key itself, or the key after a prefix that namespaces
+// it.
+func banNames(banKey, key string) bool {
+	if banKey == key {
+		return true
+	}
+	if !strings.HasSuffix(banKey, key) {
+		return false
+	}
+	r := rune(banKey[len(banKey)-len(key)-1])
+	return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '-'
+}
+
+func hasZone(t *Target, zi int) bool {
+	for _, z := range t.Zones {
+		if z == zi {
+			return true
+		}
+	}
+	return false
+}
+
+// quietAfter is how long after a fault the checks of denials (isolation,
+// count_status refunds) still excuse one: the fallback's buckets are a
+// share of the limit, and a node returns to Redis within recoveryMargin.
+const quietAfter = recoveryMargin + time.Second
+
+// checkIsolation checks that the victim, which stays far within its own
+// limit, is never denied outside faults: a denial means another client
+// (the spoofer, whose key is the victim's address) spent its bucket or
+// banned it.
+func (c *checker) checkIsolation() {
+	n := 0
+	var example *request
+	for _, q := range c.o.requests {
+		if q.client.Kind != KindVictim || q.status != 429 {
+			continue
+		}
+		if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter, func(string) bool { return true }) {
+			continue
+		}
+		n++
+		if example == nil {
+			example = q
+		}
+	}
+	if n > 0 {
+		c.fail(InvIsolation, "the victim (no key: its address 127.0.0.1), at a quarter of its limit on %s, was denied %d times, first by zone %s at %s: another client's key spent its bucket",
+			c.s.Targets[example.target].Path, n, example.denier, example.sent.Format("15:04:05.000"))
+	}
+}
+
+// checkRefunds checks count_status: the refunded client's every response
+// is one its zone does not count, so its zone never denies it.
+func (c *checker) checkRefunds() {
+	for _, q := range c.o.requests {
+		if q.client.Kind != KindRefunded || q.status != 429 {
+			continue
+		}
+		for _, zi := range c.s.Targets[q.target].Zones {
+			z := c.s.Zones[zi]
+			if z.Name != q.denier || len(z.CountStatus) == 0 || counted(z.CountStatus, q.client.Status) {
+				continue
+			}
+			if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter, func(string) bool { return true }) {
+				continue
+			}
+			c.fail(InvCountExact, "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge",
+				z.Name, strings.Join(z.CountStatus, " "), q.key, q.sent.Format("15:04:05.000"), q.client.Status)
+			return
+		}
+	}
+}
+
+// checkDryRun checks that no dry-run zone denied a request.
+func (c *checker) checkDryRun() {
+	denied := map[string]int{}
+	for _, q := range c.o.requests {
+		for _, z := range c.s.Zones {
+			if z.DryRun && q.denier == z.Name {
+				denied[z.Name]++
+			}
+		}
+	}
+	for z, n := range denied {
+		c.fail(InvDryRun, "dry-run zone %s denied %d requests", z, n)
+	}
+}
+
+// checkStatus checks that no 5xx came back but the upstream's own 500s and,
+// during a fault, the 503 of a zone with on_error deny.
+func (c *checker) checkStatus() {
+	kinds := map[string]int{}
+	for _, q := range c.o.requests {
+		if q.status < 500 {
+			continue
+		}
+		if q.fromApp && q.status == q.client.Status {
+			continue
+		}
+		if q.status == 503 && c.denyZone(q.target) && c.inFault(q.sent, q.done, redisTimeout, recoveryMargin, c.redisDown) {
+			continue
+		}
+		k := fmt.Sprintf("%d on %s", q.status, c.s.Targets[q.target].Path)
+		if q.status == 503 && c.denyZone(q.target) {
+			k += " (on_error deny outside any fault)"
+		}
+		kinds[k]++
+	}
+	for k, n := range kinds {
+		c.fail(InvStatus, "%d responses %s", n, k)
+	}
+}
+
+func (c *checker) denyZone(t int) bool {
+	for _, zi := range c.s.Targets[t].Zones {
+		if c.s.Zones[zi].OnError == "deny" {
+			return true
+		}
+	}
+	return false
+}
+
+// printable shortens a key for a report line and quotes it.
+func printable(k string) string {
+	if len(k) > 40 {
+		k = k[:20] + "..." + k[len(k)-8:]
+	}
+	return fmt.Sprintf("%q", k)
+}
+
+// sortViolations orders violations by invariant, then detail.
+func sortViolations(v []Violation) {
+	sort.Slice(v, func(i, j int) bool {
+		if v[i].Invariant != v[j].Invariant {
+			return v[i].Invariant < v[j].Invariant
+		}
+		return v[i].Detail < v[j].Detail
+	})
+}

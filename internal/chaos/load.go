@@ -1,0 +1,134 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// hugeCost is the cost the hugecost client sends now and then: the largest
+// int64, which wraps any sum it enters.
+const hugeCost = int64(1<<63 - 1)
+
+// request is what a client observed of one of its requests.
+type request struct {
+	id      string
+	client  *Client
+	target  int
+	key     string // the X-Key sent ("" for none)
+	cost    int64  // the X-Cost sent
+	node    int
+	sent    time.Time
+	done    time.Time
+	status  int    // 0 on a transport error or an abort
+	denier  string // the zone a 429 named
+	gen     string // X-Gen of the answer
+	fromApp bool   // the answer carries X-Upstream
+	err     string
+}
+
+// load runs the scenario's clients against the nodes' URLs until ctx ends,
+// and returns every request they sent.
+func (s *Scenario) load(ctx context.Context, urls func(i int) string, nodes int) []*request {
+	var (
+		mu  sync.Mutex
+		all []*request
+		wg  sync.WaitGroup
+	)
+	for _, c := range s.Clients {
+		for w := range c.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got := s.runWorker(ctx, c, w, urls, nodes)
+				mu.Lock()
+				all = append(all, got...)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return all
+}
+
+// runWorker is one worker of client c: one request at a time, to a node
+// drawn at random, over keep-alive connections.
+func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i int) string, nodes int) []*request {
+	r := rand.New(rand.NewPCG(s.Seed, uint64(c.ID*16+w)))
+	tr := &http.Transport{MaxIdleConnsPerHost: 2, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	timeout := 5 * time.Second
+	if c.Abort > 0 {
+		timeout = c.Abort
+	}
+	cl := &http.Client{Transport: tr, Timeout: timeout}
+	var out []*request
+	for i := 0; ctx.Err() == nil; i++ {
+		q := &request{id: fmt.Sprintf("%d-%d-%d", c.ID, w, i), client: c, target: c.Targets[i%len(c.Targets)], key: c.Key, cost: c.Cost, node: r.IntN(nodes)}
+		if c.Rotate > 0 {
+			q.key = fmt.Sprintf("%s-%d", c.Key, (i/c.Rotate)*8+w)
+		}
+		if c.HugeCostEvery > 0 && i%c.HugeCostEvery == c.HugeCostEvery-1 {
+			q.cost = hugeCost
+		}
+		s.send(ctx, cl, urls(q.node), q)
+		if ctx.Err() != nil && q.status == 0 && c.Abort == 0 {
+			break // the load ended while this request was in flight
+		}
+		out = append(out, q)
+		if c.Pace > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(c.Pace):
+			}
+		}
+	}
+	return out
+}
+
+// send sends request q to the node at base and records what came back.
+func (s *Scenario) send(ctx context.Context, cl *http.Client, base string, q *request) {
+	c := q.client
+	req, err := http.NewRequest(http.MethodGet, base+s.Targets[q.target].Path, nil)
+	if err != nil {
+		q.err = err.Error()
+		return
+	}
+	h := req.Header
+	h.Set("X-Req", q.id)
+	if q.key != "" {
+		h.Set("X-Key", q.key)
+	}
+	h.Set("X-Cost", strconv.FormatInt(q.cost, 10))
+	h.Set("X-Tier", c.Tier)
+	h.Set("X-Reserve", strconv.Itoa(c.Reserve))
+	h.Set("X-Status", strconv.Itoa(c.Status))
+	if c.Sleep > 0 {
+		h.Set("X-Sleep", strconv.Itoa(int(c.Sleep/time.Millisecond)))
+	}
+	if c.Abort > 0 {
+		h.Set("X-Abort", "1")
+	}
+	q.sent = time.Now()
+	resp, err := cl.Do(req)
+	if err != nil {
+		q.done = time.Now()
+		q.err = err.Error()
+		return
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	q.done = time.Now()
+	q.status = resp.StatusCode
+	q.fromApp = resp.Header.Get("X-Upstream") != ""
+	q.gen = resp.Header.Get("X-Gen")
+	if q.status == http.StatusTooManyRequests {
+		q.denier = strings.TrimSpace(string(body))
+	}
+}

@@ -1,0 +1,79 @@
+package chaos
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The invariants, as violations name them.
+const (
+	InvBound      = "bound"        // admitted <= exact bound + named allowances
+	InvInFlight   = "in-flight"    // concurrency <= limit in flight
+	InvSlots      = "slots"        // no slot held by nobody once faults end
+	InvBan        = "ban"          // no banned key admitted while banned
+	InvCountExact = "count_status" // uncounted responses are given back
+	InvIsolation  = "isolation"    // a client within its own limit is never denied
+	InvDryRun     = "dry_run"      // a dry-run zone denies nothing
+	InvResources  = "resources"    // goroutines, fds, RSS back at baseline
+	InvStatus     = "5xx"          // no 5xx but on_error deny's 503 and the app's 500
+	InvHarness    = "harness"      // a fault could not be injected
+)
+
+// Violation is one broken invariant.
+type Violation struct {
+	// Invariant names the invariant (one of the Inv constants).
+	Invariant string
+	// Detail says what broke, with the figures.
+	Detail string
+}
+
+func (v Violation) String() string { return v.Invariant + ": " + v.Detail }
+
+// Result is what one scenario's run found.
+type Result struct {
+	// Scenario is the scenario that ran.
+	Scenario *Scenario
+	// Requests counts the requests the clients sent; Admitted those the
+	// upstream saw.
+	Requests, Admitted int
+	// Buckets counts the buckets whose bound was checked.
+	Buckets int
+	// Faults are the faults as injected.
+	Faults []string
+	// Violations are the invariants it broke.
+	Violations []Violation
+	// Took is how long the run took, start-up included.
+	Took time.Duration
+}
+
+// Repro is the command line that runs this scenario again.
+func Repro(seed uint64, o Options) string {
+	cmd := fmt.Sprintf("go run ./cmd/fleetchaos -seed %d -scenarios 1", seed)
+	if o.Load > 0 && o.Load != 10*time.Second {
+		cmd += " -load " + o.Load.String()
+	}
+	if len(o.Topologies) > 0 {
+		var ts []string
+		for _, t := range o.Topologies {
+			ts = append(ts, string(t))
+		}
+		cmd += " -topology " + strings.Join(ts, ",")
+	}
+	return cmd
+}
+
+// Print writes the result: a summary line, then each violation with the
+// seed and the reproduction.
+func (r *Result) Print(w interface{ Write([]byte) (int, error) }, o Options) {
+	s := r.Scenario
+	verdict := "ok"
+	if len(r.Violations) > 0 {
+		verdict = fmt.Sprintf("%d VIOLATIONS", len(r.Violations))
+	}
+	fmt.Fprintf(w, "seed %d: %s; %d requests, %d admitted, %d buckets, %s: %s\n",
+		s.Seed, s.Summary(), r.Requests, r.Admitted, r.Buckets, r.Took.Round(time.Second), verdict)
+	for _, v := range r.Violations {
+		fmt.Fprintf(w, "  VIOLATION seed %d %s\n    repro: %s\n", s.Seed, v, Repro(s.Seed, o))
+	}
+}

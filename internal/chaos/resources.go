@@ -1,0 +1,79 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
+)
+
+// usage is what a node process holds: goroutines (its /metrics
+// go_goroutines), open file descriptors (/proc/<pid>/fd) and resident
+// memory (/proc/<pid>/status VmRSS).
+type usage struct {
+	pid        int
+	goroutines int
+	fds        int
+	rssKB      int
+}
+
+func (u usage) String() string {
+	return fmt.Sprintf("%d goroutines, %d fds, %d MB RSS", u.goroutines, u.fds, u.rssKB/1024)
+}
+
+// Margins within which a node's usage after the run counts as back at its
+// baseline: idle keep-alive connections and pools that grew under load
+// hold a few goroutines and descriptors, and the heap keeps some of what
+// the load allocated.
+const (
+	goroutineMargin = 40
+	fdMargin        = 24
+	rssMarginKB     = 64 << 10
+	rssFactor       = 1.5
+)
+
+// measure reads a node's usage.
+func measure(n *localfleet.Node) (usage, error) {
+	u := usage{pid: n.Pid()}
+	if u.pid == 0 {
+		return u, fmt.Errorf("node not running")
+	}
+	m, err := n.Metrics()
+	if err != nil {
+		return u, err
+	}
+	u.goroutines = int(m.Sum("go_goroutines"))
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", u.pid))
+	if err != nil {
+		return u, err
+	}
+	u.fds = len(fds)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", u.pid))
+	if err != nil {
+		return u, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			u.rssKB, _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		}
+	}
+	return u, nil
+}
+
+// backAt reports how after exceeds base beyond the margins, or "" when it
+// does not.
+func backAt(base, after usage) string {
+	var over []string
+	if after.goroutines > base.goroutines+goroutineMargin {
+		over = append(over, fmt.Sprintf("goroutines %d -> %d (margin %d)", base.goroutines, after.goroutines, goroutineMargin))
+	}
+	if after.fds > base.fds+fdMargin {
+		over = append(over, fmt.Sprintf("fds %d -> %d (margin %d)", base.fds, after.fds, fdMargin))
+	}
+	if float64(after.rssKB) > float64(base.rssKB)*rssFactor+rssMarginKB {
+		over = append(over, fmt.Sprintf("RSS %d -> %d MB (margin x%.1f + %d MB)", base.rssKB>>10, after.rssKB>>10, rssFactor, rssMarginKB>>10))
+	}
+	return strings.Join(over, ", ")
+}

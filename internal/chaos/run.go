@@ -1,0 +1,241 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// settle is how long the checker waits after the load before it looks at
+// slots and resources: releases and refunds queued after the last
+// responses, prefetched spares given back (100 ms by default).
+const settle = 1500 * time.Millisecond
+
+// Run runs scenario s over real processes (the Caddy binary bin, built from
+// cmd/caddy, and the scenario's Redis) and checks its invariants. t owns
+// the processes: they stop when it cleans up.
+func Run(t redistest.T, bin string, s *Scenario) *Result {
+	began := time.Now()
+	res := &Result{Scenario: s}
+	be := startBackend(t, s.Topology)
+	up, err := startUpstream(s.concurrencyZones)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.close)
+	block := be.block()
+	site := func(gen int) string { return s.Site(block, up.addr, gen) }
+
+	nodes := make([]*localfleet.Node, s.Nodes)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i] = localfleet.StartNode(t, bin, "", site(0))
+		}()
+	}
+	wg.Wait()
+
+	// The baseline: every node warmed by a request and an admin call.
+	base := make([]usage, len(nodes))
+	for _, n := range nodes {
+		_, _ = n.Do(http.MethodGet, "/warm")
+		_, _ = http.Get("http://" + n.Admin + "/rate_limit/stats")
+	}
+	time.Sleep(300 * time.Millisecond)
+	for i, n := range nodes {
+		if base[i], err = measure(n); err != nil {
+			t.Fatalf("node %d: measuring its baseline: %v", i, err)
+		}
+	}
+
+	in := newInjector(s, be, nodes, func(n *localfleet.Node, gen int) error { return n.Reload("", site(gen)) })
+	ctx, cancel := context.WithTimeout(context.Background(), s.Load)
+	defer cancel()
+	bansCtx, stopBans := context.WithCancel(context.Background())
+	bans := watchBans(bansCtx, func() []string {
+		var a []string
+		for _, n := range nodes {
+			a = append(a, n.Admin)
+		}
+		return a
+	})
+	var requests []*request
+	loadDone := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(loadDone)
+		requests = s.load(ctx, func(i int) string { return nodes[i].URL }, len(nodes))
+	}()
+	windows := in.run(start)
+	<-loadDone
+	loadEnd := time.Now()
+	time.Sleep(settle)
+	stopBans()
+
+	obs := &observed{requests: requests, windows: windows, bans: bans.list()}
+	c := &checker{s: s, o: obs}
+	for _, w := range windows {
+		res.Faults = append(res.Faults, w.kind)
+		if w.err != "" {
+			c.fail(InvHarness, "%s at %s: %s", w.kind, w.start.Format("15:04:05.000"), w.err)
+		}
+	}
+	c.probeSlots(nodes, loadEnd)
+	obs.seen, obs.peaks = up.snapshot()
+	res.Buckets = c.checkBounds()
+	c.checkInFlight()
+	c.checkBans()
+	c.checkIsolation()
+	c.checkRefunds()
+	c.checkDryRun()
+	c.checkStatus()
+	for i, n := range nodes {
+		after, err := measure(n)
+		switch {
+		case err != nil:
+			c.fail(InvResources, "node %d: %v", i, err)
+		case after.pid != base[i].pid:
+			// Killed and restarted: its baseline is gone.
+		default:
+			if over := backAt(base[i], after); over != "" {
+				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s)", i, reloads(windows), over, base[i])
+			}
+		}
+	}
+	res.Requests = len(requests)
+	for _, q := range requests {
+		if _, ok := obs.seen[q.id]; ok {
+			res.Admitted++
+		}
+	}
+	sortViolations(c.out)
+	res.Violations = c.out
+	res.Took = time.Since(began)
+	return res
+}
+
+// reloads counts the reloads among windows.
+func reloads(windows []window) int {
+	n := 0
+	for _, w := range windows {
+		if w.kind == FaultReload {
+			n++
+		}
+	}
+	return n
+}
+
+// concurrencyZones returns the concurrency zones that apply to path.
+func (s *Scenario) concurrencyZones(path string) []*Zone {
+	var out []*Zone
+	for _, t := range s.Targets {
+		if t.Path != path {
+			continue
+		}
+		for _, zi := range t.Zones {
+			if s.Zones[zi].Algorithm == Concurrency {
+				out = append(out, s.Zones[zi])
+			}
+		}
+	}
+	return out
+}
+
+// maxProbeKeys bounds how many keys of a concurrency zone the slot probe
+// tries.
+const maxProbeKeys = 6
+
+// probeSlots checks that no concurrency slot is held by nobody once the
+// faults are over: for each concurrency zone and each key that used it,
+// limit requests at once on the zone's probe path (no other zone applies)
+// must all be admitted. A node killed during the load held slots that live
+// until their lease ends: the probe waits for that.
+func (c *checker) probeSlots(nodes []*localfleet.Node, loadEnd time.Time) {
+	at := loadEnd.Add(settle)
+	for _, w := range c.o.windows {
+		if w.kind == FaultNodeKill {
+			for _, z := range c.s.Zones {
+				if z.Algorithm == Concurrency {
+					at = maxTime(at, w.start.Add(z.Lease+500*time.Millisecond))
+				}
+			}
+		}
+	}
+	time.Sleep(time.Until(at))
+	cl := &http.Client{Timeout: 10 * time.Second}
+	for zi, z := range c.s.Zones {
+		if z.Algorithm != Concurrency || z.DryRun {
+			continue
+		}
+		keys := map[string]bool{}
+		var order []string
+		for _, q := range c.o.requests {
+			if hasZone(c.s.Targets[q.target], zi) && !keys[q.key] {
+				keys[q.key] = true
+				order = append(order, q.key)
+			}
+		}
+		if len(order) > maxProbeKeys {
+			order = order[len(order)-maxProbeKeys:]
+		}
+		for _, key := range order {
+			statuses := probe(cl, nodes, z, key)
+			held := 0
+			for _, st := range statuses {
+				if st != http.StatusOK {
+					held++
+				}
+			}
+			if held > 0 {
+				c.fail(InvSlots, "zone %s key %s: %s after the load and its faults, %d of %d slots were still held by nobody (probe answers %v; lease %s)",
+					z.Name, printable(bucketKey(key)), time.Since(loadEnd).Round(100*time.Millisecond), held, z.Limit, statuses, z.Lease)
+			}
+		}
+	}
+}
+
+// probe sends limit requests of key at once to zone z's probe path, spread
+// over the nodes, each held 300 ms by the upstream, and returns their
+// statuses.
+func probe(cl *http.Client, nodes []*localfleet.Node, z *Zone, key string) []int {
+	out := make([]int, z.Limit)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, nodes[i%len(nodes)].URL+probePrefix+z.Name, nil)
+			if key != "" {
+				req.Header.Set("X-Key", key)
+			}
+			req.Header.Set("X-Sleep", "300")
+			req.Header.Set("X-Req", fmt.Sprintf("probe-%s-%d", z.Name, i))
+			resp, err := cl.Do(req)
+			if err != nil {
+				return
+			}
+			resp.Body.Close()
+			out[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// String is the fault list of a result, for a summary.
+func (r *Result) String() string { return strings.Join(r.Faults, " ") }
