@@ -61,8 +61,12 @@ func (in *injector) run(start time.Time) []window {
 	var out []window
 	for i, f := range in.s.Faults {
 		time.Sleep(time.Until(start.Add(f.At)))
+		srv := in.targets[i]
+		if in.b.top == Sentinel {
+			srv = in.master() // after a failover, the new master
+		}
 		w := window{kind: f.Kind, start: time.Now()}
-		if err := in.inject(f, in.targets[i]); err != nil {
+		if err := in.inject(f, srv); err != nil {
 			w.err = err.Error()
 		}
 		w.end = time.Now()
@@ -106,6 +110,24 @@ func (in *injector) inject(f Fault, srv *redistest.Server) error {
 		return stress(f.For)
 	}
 	return nil
+}
+
+// master returns the Sentinel's master as a sentinel reports it, or the
+// master resolved before the load when none answers.
+func (in *injector) master() *redistest.Server {
+	for _, st := range in.b.sentinel.Sentinels() {
+		v, err := st.Do("SENTINEL", "get-master-addr-by-name", in.b.sentinel.MasterName())
+		if err != nil {
+			continue
+		}
+		addr := strings.Join(strings.Fields(v), ":")
+		for _, d := range in.b.sentinel.DataNodes() {
+			if d.Addr == addr {
+				return d
+			}
+		}
+	}
+	return in.targets[0]
 }
 
 // waitFailover waits until a sentinel reports a master other than old, and
