@@ -353,12 +353,35 @@ func printable(k string) string {
 	return fmt.Sprintf("%q", k)
 }
 
-// sortViolations orders violations by invariant, then detail.
-func sortViolations(v []Violation) {
-	sort.Slice(v, func(i, j int) bool {
+// maxPerInvariant bounds the violations a run reports per invariant: a
+// broken bound breaks it for every rotated key at once.
+const maxPerInvariant = 5
+
+// summarize orders violations by invariant, then detail, and keeps at most
+// maxPerInvariant of each invariant, the last one kept saying how many
+// more there were.
+func summarize(v []Violation) []Violation {
+	sort.SliceStable(v, func(i, j int) bool {
 		if v[i].Invariant != v[j].Invariant {
 			return v[i].Invariant < v[j].Invariant
 		}
 		return v[i].Detail < v[j].Detail
 	})
+	var out []Violation
+	n := map[string]int{}
+	for _, x := range v {
+		n[x.Invariant]++
+	}
+	kept := map[string]int{}
+	for _, x := range v {
+		if kept[x.Invariant] == maxPerInvariant {
+			continue
+		}
+		kept[x.Invariant]++
+		if kept[x.Invariant] == maxPerInvariant && n[x.Invariant] > maxPerInvariant {
+			x.Detail += fmt.Sprintf(" (and %d more %s violations)", n[x.Invariant]-maxPerInvariant, x.Invariant)
+		}
+		out = append(out, x)
+	}
+	return out
 }

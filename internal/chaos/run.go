@@ -116,8 +116,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 			res.Admitted++
 		}
 	}
-	sortViolations(c.out)
-	res.Violations = c.out
+	res.Violations = summarize(c.out)
 	res.Took = time.Since(began)
 	return res
 }
