@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -76,4 +78,40 @@ func backAt(base, after usage) string {
 		over = append(over, fmt.Sprintf("RSS %d -> %d MB (margin x%.1f + %d MB)", base.rssKB>>10, after.rssKB>>10, rssFactor, rssMarginKB>>10))
 	}
 	return strings.Join(over, ", ")
+}
+
+// topGoroutines returns the three most common goroutine stacks of a node
+// (its admin API's /debug/pprof/goroutine?debug=1), each as its count and
+// innermost fleetlimit or caddy function, for a report.
+func topGoroutines(n *localfleet.Node) string {
+	resp, err := http.Get("http://" + n.Admin + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var out []string
+	for _, block := range strings.Split(string(body), "\n\n") {
+		lines := strings.Split(strings.TrimSpace(block), "\n")
+		count, _, ok := strings.Cut(lines[0], " @ ")
+		if !ok {
+			continue
+		}
+		where := ""
+		for _, l := range lines[1:] {
+			f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(l), "#"))
+			if len(f) >= 2 && where == "" {
+				where = f[1]
+			}
+			if len(f) >= 2 && (strings.Contains(f[1], "fleetlimit") || strings.Contains(f[1], "caddyserver")) {
+				where = f[1]
+				break
+			}
+		}
+		out = append(out, count+" x "+where)
+		if len(out) == 3 {
+			break
+		}
+	}
+	return strings.Join(out, "; ")
 }

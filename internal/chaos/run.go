@@ -97,6 +97,10 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.checkRefunds()
 	c.checkDryRun()
 	c.checkStatus()
+	// The upstream closes its idle keep-alive connections, so that the
+	// proxy's goroutines that wait on them are gone, as at the baseline.
+	up.srv.SetKeepAlivesEnabled(false)
+	time.Sleep(500 * time.Millisecond)
 	for i, n := range nodes {
 		after, err := measure(n)
 		switch {
@@ -106,7 +110,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 			// Killed and restarted: its baseline is gone.
 		default:
 			if over := backAt(base[i], after); over != "" {
-				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s)", i, reloads(windows), over, base[i])
+				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s); most common goroutines: %s", i, reloads(windows), over, base[i], topGoroutines(n))
 			}
 		}
 	}
