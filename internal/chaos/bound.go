@@ -29,13 +29,15 @@ type bucketRule struct {
 // exact is the most tokens the bucket may admit over elapsed, with no
 // fault: burst + rate x elapsed for the buckets (less the reserve, which a
 // token bucket never gives), and the limit for every window the time
-// touches for the windows (less the reserve for the fixed window and the
-// log, which count it exactly).
+// touches for the windows (less the reserve, in whole requests rounded up,
+// for the fixed window and the log, which count it exactly).
 func (b bucketRule) exact(elapsed time.Duration) float64 {
 	periods := elapsed.Seconds() / b.per.Seconds()
 	switch b.zone.Algorithm {
 	case TokenBucket:
-		return boundFactor * (float64(b.burst-reserveUnits(b.burst, b.reserve)) + float64(b.rate)*periods)
+		// The bucket counts its reserve in ticks of a token: a share of
+		// the burst, not rounded to whole tokens.
+		return boundFactor * (float64(b.burst)*(1-float64(b.reserve)/100) + float64(b.rate)*periods)
 	case LeakyBucket:
 		return boundFactor * (float64(b.burst) + float64(b.rate)*periods)
 	case FixedWindow:
@@ -54,8 +56,8 @@ func (b bucketRule) exact(elapsed time.Duration) float64 {
 	return math.Inf(1)
 }
 
-// reserveUnits is the reserve of pct percent of capacity, rounded up as
-// the limiter counts it.
+// reserveUnits is the reserve of pct percent of a window's limit, in whole
+// requests rounded up, as the limiter counts it.
 func reserveUnits(capacity int64, pct int) int64 {
 	return (capacity*int64(pct) + 99) / 100
 }

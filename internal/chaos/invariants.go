@@ -314,7 +314,7 @@ func (c *checker) checkDryRun() {
 // checkStatus checks that no 5xx came back but the upstream's own 500s and,
 // during a fault, the 503 of a zone with on_error deny.
 func (c *checker) checkStatus() {
-	kinds := map[string]int{}
+	kinds, first := map[string]int{}, map[string]string{}
 	for _, q := range c.o.requests {
 		if q.status < 500 {
 			continue
@@ -327,13 +327,35 @@ func (c *checker) checkStatus() {
 		}
 		k := fmt.Sprintf("%d on %s", q.status, c.s.Targets[q.target].Path)
 		if q.status == 503 && c.denyZone(q.target) {
-			k += " (on_error deny outside any fault)"
+			k += " (on_error deny outside any fault"
+			if _, ok := first[k]; !ok {
+				first[k] = c.sinceFault(q.sent)
+			}
 		}
 		kinds[k]++
 	}
 	for k, n := range kinds {
-		c.fail(InvStatus, "%d responses %s", n, k)
+		tail := ""
+		if s, ok := first[k]; ok {
+			tail = s + ")"
+		}
+		c.fail(InvStatus, "%d responses %s%s", n, k, tail)
 	}
+}
+
+// sinceFault says how long after the end of the last Redis fault before at
+// it was, or "" when there was none.
+func (c *checker) sinceFault(at time.Time) string {
+	var last *window
+	for i, w := range c.o.windows {
+		if c.redisDown(w.kind) && w.end.Before(at) && (last == nil || w.end.After(last.end)) {
+			last = &c.o.windows[i]
+		}
+	}
+	if last == nil {
+		return ""
+	}
+	return fmt.Sprintf(", the last from %.1fs after %s ended", at.Sub(last.end).Seconds(), last.kind)
 }
 
 func (c *checker) denyZone(t int) bool {
