@@ -355,7 +355,7 @@ func (c *checker) sinceFault(at time.Time) string {
 	if last == nil {
 		return ""
 	}
-	return fmt.Sprintf(", the last from %.1fs after %s ended", at.Sub(last.end).Seconds(), last.kind)
+	return fmt.Sprintf("; one %.1fs after %s ended", at.Sub(last.end).Seconds(), last.kind)
 }
 
 func (c *checker) denyZone(t int) bool {
