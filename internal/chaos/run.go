@@ -154,7 +154,7 @@ func (s *Scenario) concurrencyZones(path string) []*Zone {
 
 // maxProbeKeys bounds how many keys of a concurrency zone the slot probe
 // tries.
-const maxProbeKeys = 6
+const maxProbeKeys = 10
 
 // probeSlots checks that no concurrency slot is held by nobody once the
 // faults are over: for each concurrency zone and each key that used it,
@@ -178,16 +178,22 @@ func (c *checker) probeSlots(nodes []*localfleet.Node, loadEnd time.Time) {
 		if z.Algorithm != Concurrency || z.DryRun {
 			continue
 		}
+		// Every key of a client that keeps its key, and the last keys of
+		// the rotating clients, up to maxProbeKeys.
 		keys := map[string]bool{}
-		var order []string
+		var order, rotated []string
 		for _, q := range c.o.requests {
 			if hasZone(c.s.Targets[q.target], zi) && !keys[q.key] {
 				keys[q.key] = true
-				order = append(order, q.key)
+				if q.client.Rotate > 0 {
+					rotated = append(rotated, q.key)
+				} else {
+					order = append(order, q.key)
+				}
 			}
 		}
-		if len(order) > maxProbeKeys {
-			order = order[len(order)-maxProbeKeys:]
+		for i := len(rotated) - 1; i >= 0 && len(order) < maxProbeKeys; i-- {
+			order = append(order, rotated[i])
 		}
 		for _, key := range order {
 			statuses := probe(cl, nodes, z, key)
