@@ -253,7 +253,7 @@ func (s *Scenario) drawZones(r *rand.Rand) {
 		if z.Tiered {
 			z.Per = time.Second
 		}
-		z.Cost = pick(r, int64(1), 1, 2, 0)
+		z.Cost = pick(r, int64(1), 2, 0, 0) // 0: from X-Cost, which hostile clients choose
 		switch r.IntN(5) {
 		case 0:
 			z.Reserve = 10 + r.IntN(40)
