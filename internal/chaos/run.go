@@ -88,7 +88,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 			c.fail(InvHarness, "%s at %s: %s", w.kind, w.start.Format("15:04:05.000"), w.err)
 		}
 	}
-	c.probeSlots(nodes, loadEnd)
+	c.probeSlots(nodes, be, loadEnd)
 	obs.seen, obs.peaks = up.snapshot()
 	res.Buckets = c.checkBounds()
 	c.checkInFlight()
@@ -161,7 +161,7 @@ const maxProbeKeys = 10
 // limit requests at once on the zone's probe path (no other zone applies)
 // must all be admitted. A node killed during the load held slots that live
 // until their lease ends: the probe waits for that.
-func (c *checker) probeSlots(nodes []*localfleet.Node, loadEnd time.Time) {
+func (c *checker) probeSlots(nodes []*localfleet.Node, be *backend, loadEnd time.Time) {
 	at := loadEnd.Add(settle)
 	for _, w := range c.o.windows {
 		if w.kind == FaultNodeKill {
@@ -204,8 +204,8 @@ func (c *checker) probeSlots(nodes []*localfleet.Node, loadEnd time.Time) {
 				}
 			}
 			if held > 0 {
-				c.fail(InvSlots, "zone %s key %s: %s after the load and its faults, %d of %d slots were still held by nobody (probe answers %v; lease %s)",
-					z.Name, printable(bucketKey(key)), time.Since(loadEnd).Round(100*time.Millisecond), held, z.Limit, statuses, z.Lease)
+				c.fail(InvSlots, "zone %s key %s: %s after the load and its faults, %d of %d slots were still held by nobody (probe answers %v; lease %s); in Redis: %s",
+					z.Name, printable(bucketKey(key)), time.Since(loadEnd).Round(100*time.Millisecond), held, z.Limit, statuses, z.Lease, be.heldSlots(z.Name))
 			}
 		}
 	}
