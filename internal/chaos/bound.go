@@ -11,6 +11,20 @@ import (
 // about half a second apart on a busy machine).
 const recoveryMargin = breakerCooldown + redisTimeout + 500*time.Millisecond
 
+// rejoinMargin replaces recoveryMargin after a Redis restarted empty or a
+// failover: the nodes reconnect, reload the script or find the new master,
+// which took them up to 2.2 s when measured (issue 26).
+const rejoinMargin = 2500 * time.Millisecond
+
+// until is when the fleet is back on Redis after the fault: its end plus
+// the margin of its kind.
+func (w window) until() time.Time {
+	if dataLoss(w.kind) {
+		return w.end.Add(rejoinMargin)
+	}
+	return w.end.Add(recoveryMargin)
+}
+
 // boundFactor scales every exact bound. It is 1; a deliberate breakage of
 // the checker (a factor of 0.5) must make the bound invariant fail.
 var boundFactor = 1.0
@@ -63,7 +77,7 @@ func reserveUnits(capacity int64, pct int) int64 {
 }
 
 // fallbackShare is the allowance named "on_error local fallback": while
-// Redis cannot decide (a fault and recoveryMargin after it), each of the N
+// Redis cannot decide (a fault and its margin, see window.until), each of the N
 // nodes decides on a bucket of its own with rate/N and burst/N (rounded
 // up), starting full. Over a fault window of length d, the fleet may thus
 // admit N x ceil(burst/N) + rate x d more than Redis would have; for the

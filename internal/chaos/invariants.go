@@ -30,10 +30,11 @@ func (c *checker) fail(inv, format string, args ...any) {
 }
 
 // inFault reports whether the span [from, to] meets a fault window of a
-// kind for which match is true, widened by before and after.
+// kind for which match is true (up to when the fleet is back on Redis,
+// window.until), widened by before and after.
 func (c *checker) inFault(from, to time.Time, before, after time.Duration, match func(kind string) bool) bool {
 	for _, w := range c.o.windows {
-		if match(w.kind) && !to.Before(w.start.Add(-before)) && !from.After(w.end.Add(after)) {
+		if match(w.kind) && !to.Before(w.start.Add(-before)) && !from.After(w.until().Add(after)) {
 			return true
 		}
 	}
@@ -109,7 +110,7 @@ func (c *checker) checkBounds() int {
 			if up.at.After(last) {
 				last = up.at
 			}
-			if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, recoveryMargin, c.redisDown) {
+			if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, 0, c.redisDown) {
 				failOpen += cost // the allowance named "on_error allow"
 				continue
 			}
@@ -124,8 +125,8 @@ func (c *checker) checkBounds() int {
 		var named []string
 		if z.OnError == "local" {
 			for _, w := range c.o.windows {
-				if c.redisDown(w.kind) && !w.end.Add(recoveryMargin).Before(first) && !w.start.After(last) {
-					share := rule.fallbackShare(w.end.Sub(w.start) + recoveryMargin)
+				if c.redisDown(w.kind) && !w.until().Before(first) && !w.start.After(last) {
+					share := rule.fallbackShare(w.until().Sub(w.start))
 					allow += share
 					named = append(named, fmt.Sprintf("fallback %s %.0f", w.kind, share))
 				}
@@ -161,7 +162,7 @@ func (c *checker) checkInFlight() {
 		if z.DryRun {
 			continue
 		}
-		if c.inFault(p.at, p.at, redisTimeout, recoveryMargin, c.redisDown) {
+		if c.inFault(p.at, p.at, redisTimeout, 0, c.redisDown) {
 			switch z.OnError {
 			case "allow":
 				continue
@@ -218,7 +219,7 @@ func (c *checker) checkBans() {
 		}
 		if n > 0 {
 			during := ""
-			if c.inFault(example.sent, c.o.seen[example.id].at, 0, recoveryMargin, c.redisDown) {
+			if c.inFault(example.sent, c.o.seen[example.id].at, 0, 0, c.redisDown) {
 				during = " (during a Redis fault)"
 			}
 			c.fail(InvBan, "zone %s key %s banned %s to %s: %d requests admitted while banned, e.g. %s sent %s through node %d%s",
@@ -251,10 +252,10 @@ func hasZone(t *Target, zi int) bool {
 	return false
 }
 
-// quietAfter is how long after a fault the checks of denials (isolation,
-// count_status refunds) still excuse one: the fallback's buckets are a
-// share of the limit, and a node returns to Redis within recoveryMargin.
-const quietAfter = recoveryMargin + time.Second
+// quietAfter is how long after the fleet is back on Redis (window.until)
+// the checks of denials (isolation, count_status refunds) still excuse
+// one: the fallback's buckets were a share of the limit.
+const quietAfter = time.Second
 
 // checkIsolation checks that the victim, which stays far within its own
 // limit, is never denied outside faults: a denial means another client
@@ -293,7 +294,13 @@ func (c *checker) checkRefunds() {
 			if z.Name != q.denier || len(z.CountStatus) == 0 || counted(z.CountStatus, q.client.Status) {
 				continue
 			}
-			if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter, func(string) bool { return true }) {
+			// The allowance named "refunds dropped in a fault": a refund
+			// that fails leaves its charge (strict), and the client, whose
+			// charges are all given back, regains it only by the refill:
+			// the whole capacity's refill time after the fault.
+			rate, _ := c.s.rule(z, q.client)
+			refill := time.Duration(c.s.capacity(z)) * z.Per / time.Duration(rate)
+			if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter+refill, func(string) bool { return true }) {
 				continue
 			}
 			c.fail(InvCountExact, "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge",
@@ -329,7 +336,7 @@ func (c *checker) checkStatus() {
 		if q.fromApp && q.status == q.client.Status {
 			continue
 		}
-		if q.status == 503 && c.denyZone(q.target) && c.inFault(q.sent, q.done, redisTimeout, recoveryMargin, c.redisDown) {
+		if q.status == 503 && c.denyZone(q.target) && c.inFault(q.sent, q.done, redisTimeout, 0, c.redisDown) {
 			continue
 		}
 		k := fmt.Sprintf("%d on %s", q.status, c.s.Targets[q.target].Path)
@@ -362,7 +369,7 @@ func (c *checker) sinceFault(at time.Time) string {
 	if last == nil {
 		return ""
 	}
-	return fmt.Sprintf("; one %.1fs after %s ended", at.Sub(last.end).Seconds(), last.kind)
+	return fmt.Sprintf("; one %.1fs after %s ended, its margin %.1fs", at.Sub(last.end).Seconds(), last.kind, last.until().Sub(last.end).Seconds())
 }
 
 func (c *checker) denyZone(t int) bool {
