@@ -303,8 +303,8 @@ func (c *checker) checkRefunds() {
 			if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter+refill, func(string) bool { return true }) {
 				continue
 			}
-			c.fail(InvCountExact, "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge",
-				z.Name, strings.Join(z.CountStatus, " "), q.key, q.sent.Format("15:04:05.000"), q.client.Status)
+			c.fail(InvCountExact, "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge%s",
+				z.Name, strings.Join(z.CountStatus, " "), q.key, q.sent.Format("15:04:05.000"), q.client.Status, c.sinceFault(q.sent, func(string) bool { return true }))
 			return
 		}
 	}
@@ -343,7 +343,7 @@ func (c *checker) checkStatus() {
 		if q.status == 503 && c.denyZone(q.target) {
 			k += " (on_error deny outside any fault"
 			if _, ok := first[k]; !ok {
-				first[k] = c.sinceFault(q.sent)
+				first[k] = c.sinceFault(q.sent, c.redisDown)
 			}
 		}
 		kinds[k]++
@@ -357,12 +357,12 @@ func (c *checker) checkStatus() {
 	}
 }
 
-// sinceFault says how long after the end of the last Redis fault before at
-// it was, or "" when there was none.
-func (c *checker) sinceFault(at time.Time) string {
+// sinceFault says how long after the end of the last fault before at (of
+// a kind for which match is true) it was, or "" when there was none.
+func (c *checker) sinceFault(at time.Time, match func(kind string) bool) string {
 	var last *window
 	for i, w := range c.o.windows {
-		if c.redisDown(w.kind) && w.end.Before(at) && (last == nil || w.end.After(last.end)) {
+		if match(w.kind) && w.end.Before(at) && (last == nil || w.end.After(last.end)) {
 			last = &c.o.windows[i]
 		}
 	}
