@@ -77,7 +77,7 @@ func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i 
 		if c.HugeCostEvery > 0 && i%c.HugeCostEvery == c.HugeCostEvery-1 {
 			q.cost = hugeCost
 		}
-		s.send(ctx, cl, urls(q.node), q)
+		s.send(cl, urls(q.node), q)
 		if ctx.Err() != nil && q.status == 0 && c.Abort == 0 {
 			break // the load ended while this request was in flight
 		}
@@ -93,7 +93,7 @@ func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i 
 }
 
 // send sends request q to the node at base and records what came back.
-func (s *Scenario) send(ctx context.Context, cl *http.Client, base string, q *request) {
+func (s *Scenario) send(cl *http.Client, base string, q *request) {
 	c := q.client
 	req, err := http.NewRequest(http.MethodGet, base+s.Targets[q.target].Path, nil)
 	if err != nil {
