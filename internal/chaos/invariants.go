@@ -343,7 +343,7 @@ func (c *checker) checkStatus() {
 		if q.status == 503 && c.denyZone(q.target) {
 			k += " (on_error deny outside any fault"
 			if _, ok := first[k]; !ok {
-				first[k] = c.sinceFault(q.sent, c.redisDown)
+				first[k] = c.sinceFault(q.sent, func(string) bool { return true })
 			}
 		}
 		kinds[k]++
@@ -358,7 +358,9 @@ func (c *checker) checkStatus() {
 }
 
 // sinceFault says how long after the end of the last fault before at (of
-// a kind for which match is true) it was, or "" when there was none.
+// a kind for which match is true) it was, and that fault's margin (see
+// window.until, zero for a fault that does not keep Redis from deciding),
+// or "" when there was none.
 func (c *checker) sinceFault(at time.Time, match func(kind string) bool) string {
 	var last *window
 	for i, w := range c.o.windows {
@@ -369,7 +371,11 @@ func (c *checker) sinceFault(at time.Time, match func(kind string) bool) string 
 	if last == nil {
 		return ""
 	}
-	return fmt.Sprintf("; one %.1fs after %s ended, its margin %.1fs", at.Sub(last.end).Seconds(), last.kind, last.until().Sub(last.end).Seconds())
+	margin := time.Duration(0)
+	if c.redisDown(last.kind) {
+		margin = last.until().Sub(last.end)
+	}
+	return fmt.Sprintf("; one %.1fs after %s ended, its margin %.1fs", at.Sub(last.end).Seconds(), last.kind, margin.Seconds())
 }
 
 func (c *checker) denyZone(t int) bool {

@@ -7,7 +7,7 @@ import (
 )
 
 // heldSlots reads from Redis the concurrency slots still held: every
-// sorted set whose name contains zone (the slot keys), with how many
+// sorted set whose name contains zone and "slots" (the slot keys), with how many
 // members each holds and how long the longest lease still runs. It
 // returns a short description for a report, "" when none is held or the
 // topology has no Redis.
@@ -23,8 +23,8 @@ func (b *backend) heldSlots(zone string) string {
 			lines := strings.Split(v, "\n")
 			cursor = lines[0]
 			for _, key := range lines[1:] {
-				if key == "" {
-					continue
+				if key == "" || !strings.Contains(key, "slots") {
+					continue // the fleet view's sorted sets share the zone's name
 				}
 				n, _ := srv.Do("ZCARD", key)
 				last, _ := srv.Do("ZRANGE", key, "-1", "-1", "WITHSCORES")
