@@ -381,6 +381,7 @@ func (s *Scenario) drawClients(r *rand.Rand) {
 		case 5:
 			c := add(KindHugeCost, "huge-"+tag)
 			c.HugeCostEvery = 3 + r.IntN(5)
+			c.Reserve = 20 + r.IntN(21) // cost + reserve is the sum that wraps
 			general(c)
 		}
 	}
@@ -405,14 +406,18 @@ func (s *Scenario) drawClients(r *rand.Rand) {
 		}
 		for _, zi := range t.Zones {
 			z := s.Zones[zi]
-			if len(z.CountStatus) == 0 || z.Global || s.capacity(z) < 6 {
+			// Room for the request and three refunds still on their way
+			// (a refund is queued after the response, never awaited).
+			c := &Client{Cost: 1, Tier: "default"}
+			if len(z.CountStatus) == 0 || z.Global || s.capacity(z)-reserveUnits(s.capacity(z), max(z.Reserve, 0)) < 4*s.costOf(z, c) {
 				continue
 			}
-			c := add(KindRefunded, fmt.Sprintf("refund-%s-%d", tag, ti))
-			c.Targets, c.Workers, c.Cost, c.Reserve, c.Sleep = []int{ti}, 1, 1, 0, 0
-			// Twice the zone's rate: without its refunds the bucket drains.
+			c = add(KindRefunded, fmt.Sprintf("refund-%s-%d", tag, ti))
+			c.Targets, c.Workers, c.Cost, c.Reserve, c.Sleep, c.Tier = []int{ti}, 1, 1, 0, 0, "default"
+			// Twice the zone's rate in tokens: without its refunds the
+			// bucket drains.
 			rate, _ := s.rule(z, c)
-			c.Pace = z.Per / time.Duration(2*rate)
+			c.Pace = time.Duration(s.costOf(z, c)) * z.Per / time.Duration(2*rate)
 			c.Status = 200
 			for counted(z.CountStatus, c.Status) {
 				c.Status = pick(r, 200, 401, 500, 302)
