@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -33,11 +34,14 @@ func (b *redisBans) breakerClosed() {
 }
 
 // message handles a message of the ban channel: a node's breaker closed,
-// or a ban was lifted.
+// a ban started, or a ban was lifted.
 func (b *redisBans) message(msg string) {
-	if msg == breakerClosedMsg {
+	switch {
+	case msg == breakerClosedMsg:
 		b.s.breaker.Close()
-		return
+	case strings.HasPrefix(msg, banStartPrefix):
+		b.started(msg)
+	default:
+		b.lifted(msg)
 	}
-	b.lifted(msg)
 }

@@ -253,7 +253,12 @@ func (c *DenyCache) banLeft(r *Rule, key string, now int64) int64 {
 // decided, which is no earlier than when the request was sent: counted
 // from the sending, the cached ban ends no later than the real one.
 func (c *DenyCache) learnBan(r *Rule, key string, end int64) {
-	id := c.hash.id(r.bucket, key)
+	c.learnBanIn(r.bucket, key, end)
+}
+
+// learnBanIn is learnBan for the zone whose buckets are named bucket.
+func (c *DenyCache) learnBanIn(bucket, key string, end int64) {
+	id := c.hash.id(bucket, key)
 	sh := &c.shards[id.shard()]
 	sh.mu.Lock()
 	for id := range sh.bans { // make room: any ban (the store still has it)

@@ -72,6 +72,8 @@ type redisBans struct {
 	lastWarn atomic.Int64
 	// listen is the channel's subscriber (redisunban.go).
 	listen banListener
+	// lifts are the lifts heard of lately (banstart.go).
+	lifts recentLifts
 }
 
 // startRedisBans starts the store's ban registry writer and the subscriber
@@ -154,6 +156,12 @@ func (b *redisBans) send(batch []banNote) error {
 		pipe.ZAdd(ctx, key, redis.Z{Score: float64(n.end), Member: banMember(n)})
 		t := zones[key]
 		zones[key] = zoneTimes{now: max(t.now, n.start), end: max(t.end, n.end)}
+	}
+	for i := range batch {
+		// Every node's deny caches learn the ban as it starts: a node
+		// that never asked about the key denies it from its cache even
+		// while Redis is away (banstart.go).
+		pipe.Publish(ctx, b.s.banChannel(), banStartMsg(&batch[i]))
 	}
 	for key, t := range zones {
 		pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(t.now, 10))

@@ -152,6 +152,7 @@ func (s *RedisStore) unlist(ctx context.Context, zone, bucket, key, msg string, 
 // this one: forgetting twice is harmless), from its message.
 func (b *redisBans) lifted(msg string) {
 	if key, bucket, ok := strings.Cut(msg, " "); ok && key != "" && bucket != "" {
+		b.lifts.heard(msg, time.Now().UnixMicro())
 		b.caches.forget(bucket, key, b.s.forgetAgain())
 	}
 }
