@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"net"
 
 	"github.com/redis/go-redis/v9"
 
@@ -89,6 +90,13 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	var refused redis.Error // Redis answered, if only to refuse: it is up
 	if err := s.client.Ping(ctx).Err(); err != nil && !errors.As(err, &refused) {
 		s.breaker.Failure()
+		var nerr net.Error
+		switch {
+		case ctx.Err() != nil:
+			return s.ctxErr(ctx)
+		case errors.As(err, &nerr) && nerr.Timeout(): // the socket's deadline: the context's
+			return s.errTimeout
+		}
 		return err
 	}
 	if s.breaker.succeed() {

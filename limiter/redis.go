@@ -172,6 +172,8 @@ type RedisStore struct {
 	// bans is the ban registry and the ban channel's subscriber
 	// (redisbans.go, redisunban.go).
 	bans *redisBans
+	// probe is the idle prober's latest PING (idleprobe.go).
+	probe idleProbe
 
 	queue  chan *call
 	stop   chan struct{}
@@ -219,6 +221,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	s.memory = newMemoryWatch(client, s.log, time.Minute)
 	s.wg.Go(func() { s.memory.run(s.stop) })
 	s.bans = startRedisBans(s)
+	s.wg.Go(s.probeIdle)
 	s.wg.Add(1)
 	go s.warm(opt.DialTimeout + opt.Timeout)
 	return s, nil

@@ -46,6 +46,9 @@ type RedisMemory struct {
 	// MaxMemory is the sum of the servers' maxmemory, or 0 (no limit) when
 	// any server has none.
 	MaxMemory int64
+	// ReadAt is when the memory watch read it (zero from ReadRedisMemory
+	// itself), by this node's clock.
+	ReadAt time.Time
 }
 
 // ReadRedisMemory asks the servers behind client for INFO memory and INFO
@@ -241,6 +244,7 @@ func (w *memoryWatch) check(ctx context.Context) bool {
 		}
 		return true
 	}
+	m.ReadAt = time.Now()
 	w.mu.Lock()
 	w.last, w.ok = m, true
 	w.mu.Unlock()

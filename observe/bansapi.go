@@ -136,7 +136,9 @@ func banOf(s *storeStats, z *banZone, b *limiter.BanRecord) banJSON {
 }
 
 // collectBans lists the bans in force of the zone named (of every zone in
-// scope if zone is ""), at most limit per zone and store.
+// scope if zone is ""), at most limit per zone and store. A Redis store's
+// registry is waited for until its timeout after now; then its last read
+// is listed, stale, less the bans that have ended since.
 func collectBans(ctx context.Context, now time.Time, zone string, limit int, in scope) *bansBody {
 	out := &bansBody{Node: nodeID, Time: now, Stores: []storeSource{}, Bans: []banJSON{}}
 	byStore := banZones(zone, in)
@@ -150,12 +152,20 @@ func collectBans(ctx context.Context, now time.Time, zone string, limit int, in 
 			byName[names[i]] = &zones[i]
 		}
 		src := storeSource{Name: s.name, Source: "node"}
+		var bans []limiter.BanRecord
 		if s.redis != nil {
 			src.Source = "fleet"
-		}
-		bans, err := zones[0].keeper.Bans(ctx, names, limit)
-		if err != nil {
-			src.Error = redisError(err)
+			r := s.readBans(names, limit, s.readDeadline(now))
+			src.read(r.at, r.stale, r.err)
+			bans = r.val
+			if r.stale {
+				bans = agedBans(bans, now.Sub(r.at))
+			}
+		} else {
+			var err error
+			if bans, err = zones[0].keeper.Bans(ctx, names, limit); err != nil {
+				src.Error = err.Error()
+			}
 		}
 		out.Stores = append(out.Stores, src)
 		for i := range bans {
@@ -165,6 +175,41 @@ func collectBans(ctx context.Context, now time.Time, zone string, limit int, in 
 		}
 	}
 	sort.SliceStable(out.Bans, func(i, j int) bool { return out.Bans[i].End.After(out.Bans[j].End) })
+	return out
+}
+
+// bansReadTimeout bounds a read of a Redis store's ban lists, off the
+// request (the registry's own bound).
+const bansReadTimeout = 2 * time.Second
+
+// readBans returns the Redis store's bans of zones: what Redis answers by
+// deadline, else the last read, stale (staleread.go). Bans are not reused
+// while young: a lift shows at once.
+func (s *storeStats) readBans(zones []string, limit int, deadline time.Time) reading[[]limiter.BanRecord] {
+	return s.bansRead.get(s.ctx, fmt.Sprint(zones, limit), 0, deadline, bansReadTimeout, func(ctx context.Context) ([]limiter.BanRecord, error) {
+		return s.redis.Bans(ctx, zones, limit)
+	})
+}
+
+// forgetBan drops a lifted ban from the store's last reads of its bans, so
+// that a list answered from them, stale, does not show it.
+func (s *storeStats) forgetBan(rec *limiter.BanRecord) {
+	s.bansRead.edit(func(bans []limiter.BanRecord) []limiter.BanRecord {
+		return slices.DeleteFunc(slices.Clone(bans), func(b limiter.BanRecord) bool {
+			return b.Zone == rec.Zone && b.Key == rec.Key
+		})
+	})
+}
+
+// agedBans returns the bans of a read age ago as they stand now: what is
+// left of each, less those that have ended.
+func agedBans(bans []limiter.BanRecord, age time.Duration) []limiter.BanRecord {
+	out := make([]limiter.BanRecord, 0, len(bans))
+	for _, b := range bans {
+		if b.Left -= age; b.Left > 0 {
+			out = append(out, b)
+		}
+	}
 	return out
 }
 
@@ -196,6 +241,7 @@ func liftBan(ctx context.Context, zone, target string, in scope) (*liftBody, int
 			}
 			if lifted {
 				out.Lifted = append(out.Lifted, banOf(s, z, &rec))
+				s.forgetBan(&rec)
 			}
 		}
 	}

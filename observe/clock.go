@@ -72,6 +72,14 @@ func (c *clockWatcher) offset() (ClockReading, bool) {
 	return c.watch.Offset()
 }
 
+// latest returns when the latest reading was taken.
+func (c *clockWatcher) latest() time.Time {
+	if c == nil {
+		return time.Time{}
+	}
+	return c.watch.Latest()
+}
+
 // stop ends the watcher and waits for it.
 func (c *clockWatcher) stop() {
 	close(c.quit)

@@ -262,11 +262,33 @@ func answerJSON(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 // storeSource says where a store's part of a list (the denial feed, the
 // bans) comes from: "fleet" (Redis: every node's) or "node" (this
 // process's: the memory store, or for the feed a Redis store whose streams
-// could not be read). Error says what kept the store's part from the list.
+// could not be read). Error says what kept the store's part from the list,
+// or from being fresh.
 type storeSource struct {
-	Name   string `json:"name"`
+	// Name is the store's name, as in the stats.
+	Name string `json:"name"`
+	// Source is fleet or node.
 	Source string `json:"source"`
-	Error  string `json:"error,omitempty"`
+	// Stale says Redis did not answer the latest read in time (or failed
+	// it): the store's part is the last one read, at ReadAt.
+	Stale bool `json:"stale"`
+	// ReadAt is when the store's part was read from Redis; absent for
+	// this node's own.
+	ReadAt *time.Time `json:"read_at,omitempty"`
+	// Error is why the latest read gave nothing new.
+	Error string `json:"error,omitempty"`
+}
+
+// read records in src a read of Redis: when its value was read (zero:
+// none), whether it is stale, and the latest read's error.
+func (src *storeSource) read(at time.Time, stale bool, err error) {
+	if !at.IsZero() {
+		src.ReadAt = &at
+	}
+	src.Stale = stale
+	if err != nil {
+		src.Error = redisError(err)
+	}
 }
 
 // redisError is the message of a failed read of Redis.

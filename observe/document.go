@@ -2,6 +2,7 @@ package observe
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strings"
 	"time"
@@ -166,14 +167,21 @@ type statsTopNetwork struct {
 // statsFleet is the fleet's part of a zone: the nodes that reported in the
 // last 10 s, and counts of whole seconds of Redis' clock ending two seconds
 // ago (a node reports about a second late). Totals cover the last
-// WindowSeconds.
+// WindowSeconds. Nodes, WindowSeconds, Totals, Rates and Series are as of
+// ReadAt: a stale read's are older.
 type statsFleet struct {
 	Nodes         []string              `json:"nodes"`
 	WindowSeconds int                   `json:"window_seconds"`
 	Totals        outcomeCounts[uint64] `json:"totals"`
 	Rates         statsWindows          `json:"rates"`
 	Series        *statsSeries          `json:"series,omitempty"`
-	Error         string                `json:"error,omitempty"`
+	// Stale says Redis did not answer the latest read of the fleet's
+	// counts in time (or failed it): these are the last read, at ReadAt.
+	Stale bool `json:"stale"`
+	// ReadAt is when the counts were read; absent when none ever was.
+	ReadAt *time.Time `json:"read_at,omitempty"`
+	// Error is why the latest read gave nothing new.
+	Error string `json:"error,omitempty"`
 }
 
 // statsStore is one store's health.
@@ -183,10 +191,16 @@ type statsStore struct {
 	Name string `json:"name"`
 	// Kind is memory or redis.
 	Kind string `json:"kind"`
-	// Status is ok, degraded (errors in the last 10 s) or down (the
-	// circuit breaker is open).
-	Status  string `json:"status"`
+	// Status is ok; degraded (errors in the last 10 s); stalled (Redis
+	// accepts the connection but did not answer the latest idle probe in
+	// time); or down (the circuit breaker is open, or the latest idle
+	// probe failed otherwise).
+	Status string `json:"status"`
+	// Breaker is the circuit breaker's state: closed, open or half-open.
 	Breaker string `json:"breaker,omitempty"`
+	// Probe is the latest idle PING (sent only while no decision goes to
+	// Redis, at most once a second); absent under traffic.
+	Probe *statsProbe `json:"probe,omitempty"`
 	// Calls and errors per second over the last 10 s.
 	CallsPerSecond  float64 `json:"calls_per_second"`
 	ErrorsPerSecond float64 `json:"errors_per_second"`
@@ -210,6 +224,14 @@ type statsStore struct {
 	Feed *statsFeedStatus `json:"feed,omitempty"`
 }
 
+// statsProbe is an idle PING of Redis: when it ended, how long it waited,
+// and why it failed, if it did.
+type statsProbe struct {
+	Time   time.Time `json:"time"`
+	TookMS float64   `json:"took_ms"`
+	Error  string    `json:"error,omitempty"`
+}
+
 // statsClock is this node's clock offset against Redis' TIME, in
 // milliseconds: OffsetMS is Redis' time minus this node's (negative when
 // this node's clock is ahead), within half of RoundTripMS, the round trip
@@ -219,6 +241,11 @@ type statsClock struct {
 	OffsetMS    float64   `json:"offset_ms"`
 	RoundTripMS float64   `json:"round_trip_ms"`
 	Time        time.Time `json:"time"`
+	// ReadAt is when the latest reading was taken (readings fail while
+	// Redis does not answer); Stale says it is older than three
+	// readings' interval, or that Redis does not answer now.
+	ReadAt time.Time `json:"read_at"`
+	Stale  bool      `json:"stale"`
 }
 
 // statsFeedStatus tells whether this node's sampled denials reach the
@@ -242,6 +269,10 @@ type statsRedisMemory struct {
 	EvictedKeys int64  `json:"evicted_keys"`
 	// Warning says what is wrong with the policy, if anything.
 	Warning string `json:"warning,omitempty"`
+	// ReadAt is when Redis said this (read once a minute); Stale says
+	// Redis does not answer now (the store is stalled or down).
+	ReadAt time.Time `json:"read_at"`
+	Stale  bool      `json:"stale"`
 }
 
 // statsLatency are store call latency percentiles over the last 60 s, in
@@ -304,7 +335,7 @@ func collectStats(ctx context.Context, now time.Time, series int, in scope) *sta
 	})
 	sort.Slice(stores, func(i, j int) bool { return stores[i].name < stores[j].name })
 
-	fleets := readFleets(ctx, stores, zones, series)
+	fleets := readFleets(now, stores, zones, series)
 	for _, z := range zones {
 		out.Zones = append(out.Zones, z.document(sec, series, fleets))
 	}
@@ -315,8 +346,8 @@ func collectStats(ctx context.Context, now time.Time, series int, in scope) *sta
 }
 
 // readFleets reads the fleet's counts: one read per Redis store, for its
-// zones.
-func readFleets(ctx context.Context, stores []*storeStats, zones []*zoneStats, series int) map[*storeStats]*fleetRead {
+// zones, each waited for until the store's timeout after now.
+func readFleets(now time.Time, stores []*storeStats, zones []*zoneStats, series int) map[*storeStats]*fleetRead {
 	fleets := map[*storeStats]*fleetRead{}
 	for _, s := range stores {
 		if s.fleet == nil {
@@ -331,8 +362,7 @@ func readFleets(ctx context.Context, stores []*storeStats, zones []*zoneStats, s
 		if len(names) == 0 {
 			continue
 		}
-		view, err := s.fleet.read(ctx, names, max(series, 60))
-		fleets[s] = &fleetRead{view: view, err: err}
+		fleets[s] = &fleetRead{s.fleet.read(names, max(series, 60), s.readDeadline(now))}
 	}
 	return fleets
 }
@@ -402,19 +432,22 @@ func rejected(c [limiter.NumOutcomes]uint64) uint64 {
 	return c[limiter.Denied] + c[limiter.LocalDenied] + c[limiter.FailedClosed] + c[limiter.Banned]
 }
 
-type fleetRead struct {
-	view *FleetView
-	err  error
-}
+// fleetRead is a read of a Redis store's fleet counts, for its zones.
+type fleetRead struct{ reading[*FleetView] }
 
 // zone returns one zone's part of a fleet read.
 func (fr *fleetRead) zone(name string, series int) *statsFleet {
-	if fr.err != nil {
+	if !fr.ok {
 		return &statsFleet{Nodes: []string{}, Error: redisError(fr.err)}
 	}
-	fz := fr.view.Zones[name]
+	at := fr.at
+	fj := &statsFleet{Nodes: []string{}, Stale: fr.stale, ReadAt: &at}
+	if fr.err != nil {
+		fj.Error = redisError(fr.err)
+	}
+	fz := fr.val.Zones[name]
 	if fz == nil {
-		return &statsFleet{Nodes: []string{}}
+		return fj
 	}
 	secs := fz.Seconds
 	sum := func(n int) (c [limiter.NumOutcomes]uint64) {
@@ -425,18 +458,15 @@ func (fr *fleetRead) zone(name string, series int) *statsFleet {
 		}
 		return c
 	}
-	fj := &statsFleet{
-		Nodes: fz.Nodes,
-		Rates: statsWindows{One: ratesOf(sum(1), 1), Ten: ratesOf(sum(10), 10), Sixty: ratesOf(sum(60), 60)},
+	if fz.Nodes != nil {
+		fj.Nodes = fz.Nodes
 	}
-	if fj.Nodes == nil {
-		fj.Nodes = []string{}
-	}
+	fj.Rates = statsWindows{One: ratesOf(sum(1), 1), Ten: ratesOf(sum(10), 10), Sixty: ratesOf(sum(60), 60)}
 	fj.WindowSeconds = len(secs)
 	fj.Totals = countsOf(sum(len(secs)))
 	n := min(series, len(secs))
 	if series > 0 {
-		fj.Series = &statsSeries{End: fr.view.End, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
+		fj.Series = &statsSeries{End: fr.val.End, Allowed: make([]uint64, series), Denied: make([]uint64, series)}
 		off := series - n
 		for i, s := range secs[len(secs)-n:] {
 			var c [limiter.NumOutcomes]uint64
@@ -448,6 +478,14 @@ func (fr *fleetRead) zone(name string, series int) *statsFleet {
 	}
 	return fj
 }
+
+// probeFresh is how long an idle probe's outcome tells the store's status:
+// while idle a probe follows about every second; under traffic none does,
+// and the decisions' own errors tell.
+const probeFresh = 3 * time.Second
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // snapshot reports the store's health at unix second now.
 func (s *storeStats) snapshot(now int64) statsStore {
@@ -462,22 +500,35 @@ func (s *storeStats) snapshot(now int64) statsStore {
 		return sj
 	}
 	sj.Kind = "redis"
-	if m, ok := s.redis.Memory(); ok {
-		sj.Memory = redisMemoryOf(m)
-	}
 	recent := s.lat.summary(now, 10)
 	sj.CallsPerSecond = float64(recent.calls) / 10
 	sj.ErrorsPerSecond = float64(recent.errors) / 10
 	state := s.redis.Breaker().State()
 	sj.Breaker = state.String()
+	probe, probed := s.redis.LastProbe()
+	probed = probed && time.Since(probe.At) < probeFresh
 	switch {
 	case state != limiter.BreakerClosed:
+		sj.Status = "down"
+	case probed && errors.Is(probe.Err, limiter.ErrStoreTimeout):
+		sj.Status = "stalled"
+	case probed && probe.Err != nil:
 		sj.Status = "down"
 	case recent.errors > 0:
 		sj.Status = "degraded"
 	}
+	away := sj.Status == "down" || sj.Status == "stalled"
+	if probed {
+		sj.Probe = &statsProbe{Time: probe.At, TookMS: ms(probe.Took)}
+		if probe.Err != nil {
+			sj.Probe.Error = probe.Err.Error()
+		}
+	}
+	if m, ok := s.redis.Memory(); ok {
+		sj.Memory = redisMemoryOf(m)
+		sj.Memory.Stale = away
+	}
 	minute := s.lat.summary(now, latencySeconds)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	lat := &statsLatency{Calls: minute.calls, P50: ms(minute.quantile(.5)), P90: ms(minute.quantile(.9)), P99: ms(minute.quantile(.99))}
 	for i := latBuckets - 1; i >= 0; i-- {
 		if minute.buckets[i] > 0 {
@@ -488,6 +539,9 @@ func (s *storeStats) snapshot(now int64) statsStore {
 	sj.Latency = lat
 	if e := s.last.Load(); e != nil {
 		sj.LastError = &statsError{Message: e.msg, Time: e.at}
+	}
+	if probed && probe.Err != nil && (sj.LastError == nil || probe.At.After(sj.LastError.Time)) {
+		sj.LastError = &statsError{Message: probe.Err.Error(), Time: probe.At}
 	}
 	if f := s.fleet; f != nil {
 		st := &statsFleetStatus{}
@@ -502,6 +556,8 @@ func (s *storeStats) snapshot(now int64) statsStore {
 	}
 	if c, ok := s.clock.offset(); ok {
 		sj.Clock = &statsClock{OffsetMS: ms(c.Offset), RoundTripMS: ms(c.RoundTrip), Time: c.At}
+		sj.Clock.ReadAt = s.clock.latest()
+		sj.Clock.Stale = away || time.Since(sj.Clock.ReadAt) > 3*ClockInterval
 	}
 	if w := s.writer; w != nil {
 		sj.Feed = &statsFeedStatus{Dropped: s.feed.dropped.Load(), Thinned: s.feed.thinned.Load()}
@@ -515,7 +571,7 @@ func (s *storeStats) snapshot(now int64) statsStore {
 // redisMemoryOf reports Redis' memory, with a warning for a policy that lets
 // buckets fill Redis to OOM or evicts without regard to their TTLs.
 func redisMemoryOf(m limiter.RedisMemory) *statsRedisMemory {
-	out := &statsRedisMemory{UsedBytes: m.UsedMemory, MaxBytes: m.MaxMemory, EvictedKeys: m.EvictedKeys}
+	out := &statsRedisMemory{UsedBytes: m.UsedMemory, MaxBytes: m.MaxMemory, EvictedKeys: m.EvictedKeys, ReadAt: m.ReadAt}
 	for _, srv := range m.Servers {
 		if out.Policy == "" || out.Policy == srv.Policy {
 			out.Policy = srv.Policy

@@ -1,7 +1,6 @@
 package observe
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -212,7 +211,7 @@ func TestDecidedRecordsDenials(t *testing.T) {
 	h.Decided(r, repl, limiter.Allowed, []*Zone{z}, reqs, []limiter.Result{{Allowed: true}}, "")
 	h.Decided(r, repl, limiter.Denied, []*Zone{z}, reqs, []limiter.Result{{Banned: true}}, z.name)
 
-	body := collectDenials(context.Background(), time.Now(), zone, 10, nil)
+	body := collectDenials(time.Now(), zone, 10, nil)
 	if len(body.Denials) != 3 {
 		t.Fatalf("%d denials, want 3: %+v", len(body.Denials), body.Denials)
 	}

@@ -60,18 +60,21 @@ func denialOf(d *Denial) denialJSON {
 	}
 }
 
-// readFeed returns the store's fleet denials of zones, reusing a read
-// younger than feedReadCache.
-func (s *storeStats) readFeed(ctx context.Context, zones []string, limit int) ([]Denial, error) {
-	return s.feedRead.get(ctx, fmt.Sprint(zones, limit), feedReadCache, feedTimeout, func(ctx context.Context) ([]Denial, error) {
+// readFeed returns the store's fleet denials of zones: a read younger than
+// feedReadCache, else what Redis answers by deadline, else the last read,
+// stale (staleread.go).
+func (s *storeStats) readFeed(zones []string, limit int, deadline time.Time) reading[[]Denial] {
+	return s.feedRead.get(s.ctx, fmt.Sprint(zones, limit), feedReadCache, deadline, feedTimeout, func(ctx context.Context) ([]Denial, error) {
 		return s.shared.readDenials(ctx, zones, limit)
 	})
 }
 
 // collectDenials gathers the feed of every store in the process (of those
 // of the zones in scope with a scope): up to limit denials of the zone
-// named (of every zone in scope if zone is ""), newest first.
-func collectDenials(ctx context.Context, now time.Time, zone string, limit int, in scope) *denialsBody {
+// named (of every zone in scope if zone is ""), newest first. A Redis
+// store's streams are waited for until its timeout after now; then its
+// last read is listed, stale, or else this node's own denials.
+func collectDenials(now time.Time, zone string, limit int, in scope) *denialsBody {
 	out := &denialsBody{Node: nodeID, Time: now, Stores: []storeSource{}, Denials: []denialJSON{}}
 	zonesOf := map[*storeStats][]string{}
 	zoneRegistry.Range(func(_, v any) bool {
@@ -95,14 +98,14 @@ func collectDenials(ctx context.Context, now time.Time, zone string, limit int, 
 		if s.redis != nil {
 			names := zonesOf[s]
 			sort.Strings(names)
-			ds, err := s.readFeed(ctx, names, limit)
-			if err == nil {
+			r := s.readFeed(names, limit, s.readDeadline(now))
+			src.read(r.at, r.stale, r.err)
+			if r.ok {
 				src.Source = "fleet"
-				all = append(all, ds...)
+				all = append(all, r.val...)
 				out.Stores = append(out.Stores, src)
 				continue
 			}
-			src.Error = redisError(err)
 		}
 		if in == nil {
 			all = append(all, s.feed.recent(zone, limit)...)
@@ -126,5 +129,5 @@ func serveDenials(w http.ResponseWriter, r *http.Request, in scope) (int, error)
 	if err != nil {
 		return http.StatusBadRequest, err
 	}
-	return answerJSON(w, r, collectDenials(r.Context(), time.Now(), r.URL.Query().Get("zone"), limit, in))
+	return answerJSON(w, r, collectDenials(time.Now(), r.URL.Query().Get("zone"), limit, in))
 }

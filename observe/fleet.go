@@ -61,7 +61,7 @@ type fleetReporter struct {
 	// fleet within FleetNodeTimeout (0: none yet).
 	nodes atomic.Int64
 
-	// last is the last read of the fleet's counts (see fleetReadCache).
+	// last is the last reads of the fleet's counts (see fleetReadCache).
 	last cachedRead[*FleetView]
 }
 
@@ -159,37 +159,12 @@ func (f *fleetReporter) report() {
 	f.mu.Unlock()
 }
 
-// read returns the fleet's counts of the zones over the last seconds,
-// reusing a read younger than fleetReadCache.
-func (f *fleetReporter) read(ctx context.Context, zones []string, seconds int) (*FleetView, error) {
+// read returns the fleet's counts of the zones over the last seconds: a
+// read younger than fleetReadCache, else what Redis answers by deadline,
+// else the last read, stale (staleread.go).
+func (f *fleetReporter) read(zones []string, seconds int, deadline time.Time) reading[*FleetView] {
 	key := strings.Join(zones, "\x00") + "\x00" + strconv.Itoa(seconds)
-	return f.last.get(ctx, key, fleetReadCache, fleetTimeout, func(ctx context.Context) (*FleetView, error) {
+	return f.last.get(f.s.ctx, key, fleetReadCache, deadline, fleetTimeout, func(ctx context.Context) (*FleetView, error) {
 		return f.s.shared.fleetRead(ctx, zones, seconds)
 	})
-}
-
-// cachedRead is the last read of a Redis store (the fleet's counts, the
-// denial streams), reused while it is young, so that several open
-// dashboards cost Redis one read a second.
-type cachedRead[T any] struct {
-	mu  sync.Mutex
-	key string // what was read: the read's arguments
-	at  time.Time
-	val T
-	err error
-}
-
-// get returns the read of key: the last one if it was of key and is
-// younger than maxAge, else a new one, by read with a context of timeout.
-func (c *cachedRead[T]) get(ctx context.Context, key string, maxAge, timeout time.Duration, read func(context.Context) (T, error)) (T, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if key == c.key && time.Since(c.at) < maxAge {
-		return c.val, c.err
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	c.val, c.err = read(ctx)
-	c.key, c.at = key, time.Now()
-	return c.val, c.err
 }

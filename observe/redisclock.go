@@ -99,6 +99,17 @@ func (w *clockWatch) add(r ClockReading) {
 	w.n = min(w.n+1, clockReadings)
 }
 
+// Latest returns when the latest reading was taken (zero before the
+// first).
+func (w *clockWatch) Latest() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n == 0 {
+		return time.Time{}
+	}
+	return w.readings[(w.next+clockReadings-1)%clockReadings].At
+}
+
 // Offset returns the estimate of this node's clock offset: of the last
 // readings (eight, about as many seconds), the one whose round trip was
 // shortest, since queueing on the way to Redis or back skews a reading

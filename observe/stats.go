@@ -236,8 +236,20 @@ type storeStats struct {
 	feed   *denialFeed
 	writer *feedWriter   // nil for the memory store
 	clock  *clockWatcher // nil for the memory store
-	// feedRead is the last read of a Redis store's denial streams.
+	// feedRead and bansRead are the last reads of a Redis store's denial
+	// streams and ban lists (staleread.go).
 	feedRead cachedRead[[]Denial]
+	bansRead cachedRead[[]limiter.BanRecord]
+	// ctx ends the reads in flight when the stats go (cancel, in
+	// Destruct).
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// readDeadline is how long a request that began at start waits for a read
+// of the Redis store: the store's timeout.
+func (s *storeStats) readDeadline(start time.Time) time.Time {
+	return start.Add(s.redis.Timeout())
 }
 
 // loadStoreStats takes a reference to a store's stats; release it with
@@ -245,6 +257,7 @@ type storeStats struct {
 func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) {
 	v, _, err := storeRegistry.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s := &storeStats{key: key, name: name}
+		s.ctx, s.cancel = context.WithCancel(context.Background())
 		s.redis, _ = store.(*limiter.RedisStore)
 		s.memory, _ = store.(*limiter.MemoryStore)
 		s.series = claimStoreSeries(name)
@@ -263,9 +276,11 @@ func loadStoreStats(key, name string, store limiter.Store) (*storeStats, error) 
 	return v.(*storeStats), nil
 }
 
-// Destruct stops the fleet reporter, the feed's writer and the clock
-// watcher, and drops the store's metric series.
+// Destruct stops the fleet reporter, the feed's writer, the clock watcher
+// and the admin API's reads in flight, and drops the store's metric
+// series.
 func (s *storeStats) Destruct() error {
+	s.cancel()
 	if s.fleet != nil {
 		s.fleet.stop()
 	}
