@@ -25,6 +25,26 @@ func TestAbandonedChargesGivenBack(t *testing.T) {
 		rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 25 * time.Millisecond})
 		checkAbandoned(t, rs, func() { srv.MustDo("DEBUG", "SLEEP", "0.3") }, func(key string) string { return srv.MustDo("ZCARD", key) })
 	})
+	t.Run("client kill", func(t *testing.T) {
+		// Redis runs the batches waiting behind a DEBUG SLEEP, then the
+		// CLIENT KILL queued behind them closes their connections before
+		// their replies are read: the replies are lost, and the slots
+		// they took are released all the same.
+		t.Parallel()
+		srv := redistest.Start(t, "--enable-debug-command", "yes")
+		rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 25 * time.Millisecond})
+		kill := func() {
+			var wg sync.WaitGroup
+			wg.Go(func() { _, _ = srv.Do("DEBUG", "SLEEP", "0.3") })
+			time.Sleep(150 * time.Millisecond)
+			wg.Go(func() { _, _ = srv.Do("CLIENT", "KILL", "TYPE", "normal") })
+			wg.Wait()
+		}
+		checkAbandoned(t, rs, kill, func(key string) string { n, _ := srv.Do("ZCARD", key); return n })
+		if rs.releasesSent.Load() == 0 {
+			t.Log("no reply was lost this time: the kill came between batches")
+		}
+	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		c := redistest.StartCluster(t, 3, "--enable-debug-command", "yes")
@@ -110,7 +130,8 @@ func checkAbandoned(t *testing.T, rs *RedisStore, stall func(), held func(key st
 				break
 			}
 			if time.Since(ended) > time.Second {
-				t.Fatalf("%s: %s slots held in Redis a second after the last request ended, want 0 (abandoned charges kept)", r.Name(), n)
+				t.Fatalf("%s: %s slots held in Redis a second after the last request ended, want 0 (abandoned charges kept; %d given back, %d slot releases)",
+					r.Name(), n, rs.GivenBack(), rs.releasesSent.Load())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -169,6 +169,11 @@ type RedisStore struct {
 	// givenBack counts abandoned decisions whose charges were given back
 	// (giveback.go).
 	givenBack atomic.Uint64
+	// releasesSent counts the slot releases of decisions whose replies
+	// were lost, and releases those waiting to be tried again
+	// (giveback.go).
+	releasesSent atomic.Uint64
+	releases     pendingReleases
 	// bans is the ban registry and the ban channel's subscriber
 	// (redisbans.go, redisunban.go).
 	bans *redisBans

@@ -23,6 +23,10 @@ import (
 // maxBatch bounds how many decisions share one round trip.
 const maxBatch = 256
 
+// releaseRetry is how long a worker with no decisions to send waits before
+// it tries again the slot releases that could not reach Redis.
+const releaseRetry = 100 * time.Millisecond
+
 // call is one script call travelling to a pipeline worker and back.
 type call struct {
 	script *redis.Script
@@ -44,6 +48,9 @@ type call struct {
 	state  atomic.Uint32
 	pooled bool
 	timer  *time.Timer
+	// until is, for a release of slots whose decision's reply was lost,
+	// when their lease ends: it is tried again until then (giveback.go).
+	until time.Time
 }
 
 // callPool recycles the calls of single-call decisions, with their
@@ -82,14 +89,20 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 	batch := make([]*call, 0, maxBatch)
 	var p pipeline
 	for {
+		var retry <-chan time.Time // slot releases wait to be tried again
+		if s.releases.waiting() {
+			retry = time.After(releaseRetry)
+		}
+		batch = batch[:0]
 		select {
 		case c := <-s.queue:
-			batch = append(batch[:0], c)
+			batch = append(batch, c)
+		case <-retry:
 		case <-s.stop:
 			return
 		}
 	drain:
-		for len(batch) < maxBatch {
+		for len(batch) > 0 && len(batch) < maxBatch {
 			select {
 			case c := <-s.queue:
 				batch = append(batch, c)
@@ -97,11 +110,18 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 				break drain
 			}
 		}
-		s.run(&p, batch, inFlight)
-		clear(batch)
-		if len(p.giveBack) > 0 {
-			// Refunds: their own replies give nothing back.
-			s.run(&p, p.giveBack, inFlight)
+		if len(batch) > 0 {
+			s.run(&p, batch, inFlight)
+			clear(batch)
+		}
+		if len(p.giveBack) > 0 || s.releases.waiting() {
+			// Refunds: their own replies give nothing back. Slot
+			// releases whose Redis could not be reached are kept to
+			// try again after a later batch (or releaseRetry), until
+			// their lease ends.
+			back := append(p.giveBack, s.releases.take()...)
+			s.run(&p, back, inFlight)
+			s.releases.keepFailed(back, time.Now())
 			clear(p.giveBack)
 			p.giveBack = p.giveBack[:0]
 		}
@@ -297,6 +317,9 @@ func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 		if c.err = g.cmd.Err(); c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
+		if release := s.releaseCall(c); release != nil {
+			p.giveBack = append(p.giveBack, release)
+		}
 		if !c.deliver() && c.pooled {
 			putCall(c)
 		}
@@ -322,10 +345,16 @@ func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 			}
 		}
 		o += w
+		// Slots a lost reply may have taken go back whoever waits
+		// (giveback.go); read before c may return to the pool.
+		release := s.releaseCall(c)
+		if release != nil {
+			p.giveBack = append(p.giveBack, release)
+		}
 		if c.deliver() {
 			continue // the last use of c: its caller may return it to the pool
 		}
-		if back := s.giveBackCall(c); back != nil {
+		if back := s.giveBackCall(c); back != nil && release == nil {
 			p.giveBack = append(p.giveBack, back)
 		}
 		if c.pooled {
