@@ -11,21 +11,22 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
-// usage is what a node process holds: goroutines (its /metrics
+// Usage is what a node process holds: goroutines (its /metrics
 // go_goroutines), open file descriptors (/proc/<pid>/fd) and resident
 // memory (/proc/<pid>/status VmRSS).
-type usage struct {
+type Usage struct {
 	pid        int
 	goroutines int
 	fds        int
 	rssKB      int
 }
 
-func (u usage) String() string {
+// String gives the usage in one line.
+func (u Usage) String() string {
 	return fmt.Sprintf("%d goroutines, %d fds, %d MB RSS", u.goroutines, u.fds, u.rssKB/1024)
 }
 
-// Margins within which a node's usage after the run counts as back at its
+// Margins within which a node's Usage after the run counts as back at its
 // baseline: idle keep-alive connections and pools that grew under load
 // hold a few goroutines and descriptors, and the heap keeps some of what
 // the load allocated.
@@ -36,9 +37,9 @@ const (
 	rssFactor       = 1.5
 )
 
-// measure reads a node's usage.
-func measure(n *localfleet.Node) (usage, error) {
-	u := usage{pid: n.Pid()}
+// measure reads a node's Usage.
+func Measure(n *localfleet.Node) (Usage, error) {
+	u := Usage{pid: n.Pid()}
 	if u.pid == 0 {
 		return u, fmt.Errorf("node not running")
 	}
@@ -64,9 +65,9 @@ func measure(n *localfleet.Node) (usage, error) {
 	return u, nil
 }
 
-// backAt reports how after exceeds base beyond the margins, or "" when it
+// BackAt reports how after exceeds base beyond the margins, or "" when it
 // does not.
-func backAt(base, after usage) string {
+func BackAt(base, after Usage) string {
 	var over []string
 	if after.goroutines > base.goroutines+goroutineMargin {
 		over = append(over, fmt.Sprintf("goroutines %d -> %d (margin %d)", base.goroutines, after.goroutines, goroutineMargin))

@@ -44,14 +44,14 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	wg.Wait()
 
 	// The baseline: every node warmed by a request and an admin call.
-	base := make([]usage, len(nodes))
+	base := make([]Usage, len(nodes))
 	for _, n := range nodes {
 		_, _ = n.Do(http.MethodGet, "/warm")
 		_, _ = http.Get("http://" + n.Admin + "/rate_limit/stats")
 	}
 	time.Sleep(300 * time.Millisecond)
 	for i, n := range nodes {
-		if base[i], err = measure(n); err != nil {
+		if base[i], err = Measure(n); err != nil {
 			t.Fatalf("node %d: measuring its baseline: %v", i, err)
 		}
 	}
@@ -102,14 +102,14 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	up.srv.SetKeepAlivesEnabled(false)
 	time.Sleep(500 * time.Millisecond)
 	for i, n := range nodes {
-		after, err := measure(n)
+		after, err := Measure(n)
 		switch {
 		case err != nil:
 			c.fail(InvResources, "node %d: %v", i, err)
 		case after.pid != base[i].pid:
 			// Killed and restarted: its baseline is gone.
 		default:
-			if over := backAt(base[i], after); over != "" {
+			if over := BackAt(base[i], after); over != "" {
 				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s); most common goroutines: %s", i, reloads(windows), over, base[i], topGoroutines(n))
 			}
 		}
