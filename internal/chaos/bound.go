@@ -77,20 +77,30 @@ func reserveUnits(capacity int64, pct int) int64 {
 }
 
 // fallbackShare is the allowance named "on_error local fallback": while
-// Redis cannot decide (a fault and its margin, see window.until), each of the N
-// nodes decides on a bucket of its own with rate/N and burst/N (rounded
-// up), starting full. Over a fault window of length d, the fleet may thus
-// admit N x ceil(burst/N) + rate x d more than Redis would have; for the
-// windows, N x ceil(limit/N) per window the fault touches.
+// Redis cannot decide (a fault and its margin, see window.until), each of
+// the N nodes decides on a bucket of its own with rate/N and burst/N
+// (rounded up). A token or leaky bucket starts from what Redis last said
+// of the key, and what it admits is charged to Redis when it returns
+// (docs/operations.md, "across an outage"): over a fault window of
+// length d the fleet may admit N x ceil(burst/N) more than Redis would
+// have (keys a node never saw start at its share of the burst), and
+// outageSlack of the rate over d (what each node's last answer was
+// stale by). The windows start full and are not charged back: N x
+// ceil(limit/N) per window the fault touches.
 func (b bucketRule) fallbackShare(d time.Duration) float64 {
 	n := int64(b.nodes)
 	periods := d.Seconds() / b.per.Seconds()
 	switch b.zone.Algorithm {
 	case TokenBucket, LeakyBucket:
-		return float64(n*ceilDiv(b.burst, n)) + float64(b.rate)*periods
+		return float64(n*ceilDiv(b.burst, n)) + outageSlack*float64(b.rate)*periods
 	}
 	return float64(n*ceilDiv(b.rate, n)) * (math.Floor(periods) + 2)
 }
+
+// outageSlack is the share of the rate over a fault window that a token or
+// leaky bucket may admit beyond the bound across an outage: the issue's
+// target for the whole run is 1.02 of the bound.
+const outageSlack = 0.02
 
 // dataLossShare is the allowance named "Redis restarted empty": a Redis
 // killed and restarted, or a replica promoted, may have lost the bucket,
