@@ -120,8 +120,10 @@ type Handler struct {
 	// on_error local. When it is reached, a new key evicts the bucket
 	// closest to full among a few sampled (a full bucket loses nothing;
 	// another lets its client start again from a full bucket, once), so a
-	// flood of new keys cannot grow the node's memory. The store is
-	// shared by the whole process: the configuration loaded last sets it.
+	// flood of new keys cannot grow the node's memory. The denial counts
+	// and bans of zones with a ban count too (a ban in force is evicted
+	// last). The store is shared by the whole process: the configuration
+	// loaded last, and not cleaned up after a failed load, sets it.
 	// About 100 B of heap per bucket; the default, 500000, keeps the
 	// store under about 100 MB of memory, garbage collection included.
 	MaxKeys int `json:"max_keys,omitempty"`

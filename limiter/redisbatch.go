@@ -354,7 +354,7 @@ func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 		if c.deliver() {
 			continue // the last use of c: its caller may return it to the pool
 		}
-		if back := s.giveBackCall(c); back != nil && release == nil {
+		if back := s.giveBackCall(c); back != nil { // an answer: no release
 			p.giveBack = append(p.giveBack, back)
 		}
 		if c.pooled {
