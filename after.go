@@ -41,6 +41,12 @@ func charged(q *limiter.Request, res *limiter.Result) bool {
 	return !res.Unknown && !res.DryRun && q.Cost > 0
 }
 
+// statusUnknown is the status of a request passed on whose client left
+// before any status was written: a count_status zone keeps its charge
+// (strict: the upstream may have done the work, and a client must not get
+// work for free by hanging up).
+const statusUnknown = -1
+
 // serveHeld passes on a request whose zones hold something until its
 // response is written, and then releases it, whatever happens: an error,
 // a panic, a client that went away.
@@ -55,6 +61,12 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 		status := http.StatusInternalServerError // a panic
 		if rec != nil && finished {
 			status = responseStatus(rec, err)
+			if r.Context().Err() != nil && (rec.status == 0 || rec.status == statusClientClosed) {
+				// The client left before the upstream's status (Caddy
+				// writes 499 for it, or nothing): what the upstream
+				// made of the request is unknown.
+				status = statusUnknown
+			}
 		}
 		h.release(sc, status)
 		*sc = scratch{}
@@ -77,7 +89,7 @@ func (h *Handler) release(sc *scratch, status int) {
 		if !charged(q, res) {
 			continue
 		}
-		if q.Rule.Algorithm() == limiter.Concurrency || (z.countStatus && !z.counted.has(status)) {
+		if q.Rule.Algorithm() == limiter.Concurrency || (z.countStatus && status != statusUnknown && !z.counted.has(status)) {
 			reqs, results = append(reqs, *q), append(results, *res)
 		}
 	}

@@ -141,7 +141,9 @@ type Zone struct {
 	// status is not one of these (one more store call; if the store fails
 	// then, the charge stays). `rate 5 15m` with `count_status 401`
 	// allows at most 5 failed logins per 15 minutes. Not for leaky_bucket
-	// or concurrency. Default: every response counts.
+	// or concurrency. A request whose client went away after it was
+	// passed on, before any status was written, keeps its charge.
+	// Default: every response counts.
 	CountStatus []string `json:"count_status,omitempty"`
 
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
