@@ -35,19 +35,13 @@ import (
 //     A node back first would decide on a bucket that the others' charges
 //     have not reached yet, and give out their shares again. So a node
 //     that comes back sends its charges at once, but keeps deciding the
-//     keys of zones with the local policy on its local buckets for
-//     returnGrace more (charged in turn), by which time the other nodes'
-//     charges are in.
+//     keys of zones with the local policy on its local buckets (charged in
+//     turn) until every node's charges are in, or returnGraceMax has
+//     passed (chargesin.go).
 //
 // The keys with a charge to make are kept in a ledger of at most
 // maxOutageKeys entries per limiter; a key that finds it full decides on
 // its local bucket as it starts (full) and is charged nothing.
-
-// returnGrace is how long a node that finds Redis back keeps deciding the
-// local zones' keys on its local buckets, while every node's charges go
-// in: longer than the nodes take to notice Redis answers after the first
-// one did (banRetryMax and a dial).
-const returnGrace = 500 * time.Millisecond
 
 // maxOutageKeys bounds the ledger of the keys decided locally during an
 // outage.
@@ -79,6 +73,7 @@ type outage struct {
 	pending  atomic.Int64
 	flushing atomic.Bool
 	pinging  atomic.Bool
+	awaiting atomic.Bool // chargesin.go
 	// graceUntil is when the grace after Redis came back ends (unix
 	// nanoseconds; 0: none).
 	graceUntil atomic.Int64
@@ -271,40 +266,51 @@ func (l *Limiter) flushCharges() {
 		return
 	}
 	go func() {
-		defer l.out.flushing.Store(false)
-		o := &l.out
-		o.mu.Lock()
-		all := make([]*owed, 0, len(o.entries))
-		for _, e := range o.entries {
-			all = append(all, e)
-		}
-		o.mu.Unlock()
-		for len(all) > 0 { // each entry once, maxBatch at a time
-			var mine []*owed
-			var snap []int64
-			o.mu.Lock()
-			for len(all) > 0 && len(mine) < maxBatch {
-				e := all[0]
-				all = all[1:]
-				if e.charging == nil && o.entries[outageKey{e.rule.bucket, e.key}] == e {
-					e.charging = make(chan struct{})
-					mine = append(mine, e)
-					snap = append(snap, e.admitted)
-				}
-			}
-			o.mu.Unlock()
-			if len(mine) == 0 {
-				continue // the requests are charging these
-			}
-			charges := make([]Charge, len(mine))
-			for i, e := range mine {
-				charges[i] = Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)}
-			}
-			if err := l.sendCharges(context.Background(), ch, mine, charges, snap); err != nil {
-				return // the store is away again: the next decision it makes flushes
-			}
+		if need, ok := l.flushAll(ch); ok {
+			l.awaitFleetCharges(need) // chargesin.go: in the grace, until the fleet's are in
 		}
 	}()
+}
+
+// flushAll charges every entry of the ledger, and reports whether all went
+// in, and the largest divisor of their local buckets.
+func (l *Limiter) flushAll(ch charger) (need int64, ok bool) {
+	defer l.out.flushing.Store(false)
+	o := &l.out
+	o.mu.Lock()
+	all := make([]*owed, 0, len(o.entries))
+	need = 1
+	for _, e := range o.entries {
+		all = append(all, e)
+		need = max(need, e.n)
+	}
+	o.mu.Unlock()
+	for len(all) > 0 { // each entry once, maxBatch at a time
+		var mine []*owed
+		var snap []int64
+		o.mu.Lock()
+		for len(all) > 0 && len(mine) < maxBatch {
+			e := all[0]
+			all = all[1:]
+			if e.charging == nil && o.entries[outageKey{e.rule.bucket, e.key}] == e {
+				e.charging = make(chan struct{})
+				mine = append(mine, e)
+				snap = append(snap, e.admitted)
+			}
+		}
+		o.mu.Unlock()
+		if len(mine) == 0 {
+			continue // the requests are charging these
+		}
+		charges := make([]Charge, len(mine))
+		for i, e := range mine {
+			charges[i] = Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)}
+		}
+		if err := l.sendCharges(context.Background(), ch, mine, charges, snap); err != nil {
+			return need, false // the store is away again: the next decision it makes flushes
+		}
+	}
+	return need, true
 }
 
 // setStoreUp records whether the store's last call decided; when it comes
@@ -314,8 +320,11 @@ func (l *Limiter) setStoreUp(up bool) {
 		return
 	}
 	l.storeUp.Store(up)
-	if up && l.out.pending.Load() > 0 {
-		l.out.graceUntil.Store(time.Now().Add(returnGrace).UnixNano())
+	switch {
+	case up && l.out.pending.Load() > 0:
+		l.out.graceUntil.Store(time.Now().Add(returnGraceMax).UnixNano())
+	case up:
+		l.nothingToCharge() // chargesin.go
 	}
 }
 

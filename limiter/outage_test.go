@@ -255,3 +255,74 @@ func TestBreakerClosesEverywhere(t *testing.T) {
 		t.Fatalf("the other store's breaker is %s after the first closed (its cooldown is an hour)", b.Breaker().State())
 	}
 }
+
+// TestLateNodeHoldsTheGrace: two nodes decide a drained key locally while
+// Redis is paused. When it resumes, one node comes back at once and the
+// other a second later: the first keeps deciding the key locally until the
+// late node's charges are in, so that over the drain, the outage and the
+// return the two get no more than the refill of the time elapsed.
+func TestLateNodeHoldsTheGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	a, r := outageLimiter(t, srv)
+	b, _ := outageLimiter(t, srv)
+	drained := drain(t, a, r, "k")
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	time.Sleep(600 * time.Millisecond)
+	local := localAdmits(t, a, r, "k") + localAdmits(t, b, r, "k")
+	srv.Resume()
+	resumed = true
+	back := time.Now()
+
+	// The first node, alone for a second: local decisions only.
+	decide := func(l *Limiter) Outcome {
+		return l.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+	}
+	var admitted int64
+	for time.Since(back) < time.Second {
+		switch out := decide(a); out {
+		case LocalAllowed:
+			admitted++
+		case LocalDenied:
+		default:
+			t.Fatalf("%s after Redis came back, the first node's decision was %s while the other node's charges were not in", time.Since(back).Round(time.Millisecond), out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The late node comes back; then both decide on Redis again.
+	lateBack := time.Now()
+	var onRedis time.Duration
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		outB, outA := decide(b), decide(a)
+		for _, out := range []Outcome{outA, outB} {
+			if out == Allowed || out == LocalAllowed {
+				admitted++
+			}
+		}
+		if outA == Allowed || outA == Denied {
+			if onRedis == 0 {
+				onRedis = time.Since(lateBack)
+			}
+			if outB == Allowed || outB == Denied {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if onRedis == 0 {
+		t.Fatal("the first node did not decide on Redis again within 5s of the late node's return")
+	}
+	elapsed := time.Since(drained)
+	bound := 1 + int64(elapsed.Seconds()*10)
+	t.Logf("%d admitted locally in the outage, %d after; the first node on Redis %s after the late node came back; %s since the drain (bound %d)",
+		local, admitted, onRedis.Round(time.Millisecond), elapsed.Round(time.Millisecond), bound)
+	if local+admitted > bound {
+		t.Fatalf("%d + %d admitted in %s: more than the refill (%d)", local, admitted, elapsed.Round(time.Millisecond), bound)
+	}
+}

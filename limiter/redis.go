@@ -179,6 +179,8 @@ type RedisStore struct {
 	bans *redisBans
 	// probe is the idle prober's latest PING (idleprobe.go).
 	probe idleProbe
+	// id tells this node's entries in Redis from the others' (chargesin.go).
+	id string
 
 	queue  chan *call
 	stop   chan struct{}
@@ -213,6 +215,7 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 		queue:      make(chan *call, 4096),
 		warmed:     make(chan struct{}),
 		stop:       make(chan struct{}),
+		id:         newNodeID(),
 	}
 	if s.log == nil {
 		s.log = zap.NewNop()

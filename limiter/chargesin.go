@@ -1,0 +1,120 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every node's charges in before any node decides on Redis again. After an
+// outage the nodes notice that Redis answers a fraction of a second apart,
+// and on a busy machine a node can be a second or more behind. A node that
+// went back to Redis while another still decided locally would spend the
+// Redis bucket's refill while the late node spent its own share again, and
+// the late node's charge (at most what its local bucket owes) could not
+// take both back. So each node that finds Redis back, once its charges are
+// in, adds itself to a sorted set in Redis (chargedKey: its id, scored by
+// the time), and keeps deciding the local zones' keys locally until the set
+// holds as many nodes as its local buckets divide by, or returnGraceMax
+// has passed. A node whose store failed with nothing to charge adds itself
+// too. A node that saw no failure at all (idle through the outage) never
+// does: the others then stay local for returnGraceMax, which the bound
+// allows (local buckets hold the fleet within it).
+
+// returnGraceMax is the longest a node that finds Redis back keeps
+// deciding the local zones' keys on its local buckets, waiting for the
+// other nodes' charges.
+const returnGraceMax = 2 * time.Second
+
+// chargedWindow is how long a node's entry in the set of nodes whose
+// charges are in counts: longer than returnGraceMax, so that the first
+// node back still counts when the last one arrives. An outage that ends
+// within it of the previous one finds the previous entries, and ends the
+// grace early.
+const chargedWindow = 2 * returnGraceMax
+
+// chargedPoll is how often a node in its grace counts the nodes whose
+// charges are in.
+const chargedPoll = 50 * time.Millisecond
+
+// chargeBarrier is a store shared by the fleet that can count the nodes
+// whose charges are in: the Redis store.
+type chargeBarrier interface {
+	// ChargesIn records that this node's charges are in and returns how
+	// many nodes' are, within chargedWindow.
+	ChargesIn(ctx context.Context) (int64, error)
+}
+
+// newNodeID returns a random id for a store, that tells this node's
+// entries in Redis from the other nodes'.
+func newNodeID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// chargedKey returns the Redis key of the set of nodes whose charges are
+// in. It ends with a character other than a brace, so no bucket's key
+// (which ends with its hash tag) can be it.
+func (s *RedisStore) chargedKey() string { return s.prefix + "outage:{outage}!charged" }
+
+// ChargesIn records, within the store's timeout, that this node's charges
+// are in, and returns how many nodes' are (the entries of the last
+// chargedWindow): one pipeline of ZADD, ZREMRANGEBYSCORE, PEXPIRE and
+// ZCARD, commands the documented ACL allows.
+func (s *RedisStore) ChargesIn(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	key := s.chargedKey()
+	now := time.Now().UnixMilli()
+	var card *redis.IntCmd
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: s.id})
+		p.ZRemRangeByScore(ctx, key, "-inf", "("+strconv.FormatInt(now-chargedWindow.Milliseconds(), 10))
+		p.PExpire(ctx, key, 2*chargedWindow)
+		card = p.ZCard(ctx, key)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return card.Val(), nil
+}
+
+// awaitFleetCharges is run by a node whose charges are in, in its grace:
+// it records them and ends the grace once need nodes' are in, or lets it
+// run out.
+func (l *Limiter) awaitFleetCharges(need int64) {
+	b, ok := l.store.(chargeBarrier)
+	if !ok || !l.out.awaiting.CompareAndSwap(false, true) {
+		return
+	}
+	defer l.out.awaiting.Store(false)
+	t := time.NewTicker(chargedPoll)
+	defer t.Stop()
+	for {
+		until := l.out.graceUntil.Load()
+		if until == 0 || time.Now().UnixNano() >= until {
+			return
+		}
+		if n, err := b.ChargesIn(context.Background()); err == nil && n >= need {
+			l.out.graceUntil.CompareAndSwap(until, time.Now().UnixNano()) // returning() ends it
+			return
+		}
+		<-t.C
+	}
+}
+
+// nothingToCharge records, in the background, that this node (whose store
+// came back, with no charges to make) does not hold the others' grace up.
+func (l *Limiter) nothingToCharge() {
+	b, ok := l.store.(chargeBarrier)
+	if !ok {
+		return
+	}
+	go func() { _, _ = b.ChargesIn(context.Background()) }()
+}
