@@ -187,7 +187,7 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 		sp.n -= q.Cost
 		sp.remaining -= q.Cost
 		local[i] = true
-		results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset}
+		results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at}
 		covered++
 	}
 	return covered, false

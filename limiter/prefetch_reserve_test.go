@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
 // TestPrefetchSparesRespectReserve: a request admitted from the node's
@@ -90,5 +92,53 @@ func TestPrefetchAfterClose(t *testing.T) {
 	}
 	if _, check := decideOne(t, ms, pf, "k", 0); check.Remaining != 99 {
 		t.Fatalf("the bucket holds %d after one request, want 99: the spares did not go back", check.Remaining)
+	}
+}
+
+// TestPrefetchSpareRefundedInItsWindow: a fixed window gives a refund
+// back only in the window that counted the charge, which the refund names
+// by the charge's time. A request admitted from the node's spares carries
+// the time of the prefetch that took them, so that its refund (count_status,
+// a denial by another zone) gives the charge back; it carried none, and a
+// count_status client's refunds of spare-admitted requests were lost.
+func TestPrefetchSpareRefundedInItsWindow(t *testing.T) {
+	for _, name := range []string{"memory", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			var store Store
+			if name == "memory" {
+				store = newMemory(t, newTestClock(epoch))
+			} else {
+				store = newRedisStore(t, RedisOptions{Address: redistest.Start(t).Addr})
+			}
+			l := New(store, Options{})
+			defer l.Close()
+			fw := mustConfig(t, RuleConfig{Name: "fw", Algorithm: FixedWindow, Rate: 100, Per: time.Hour, Prefetch: 5, PrefetchHold: time.Minute})
+			admit := func() []Result {
+				res := make([]Result, 1)
+				if out := l.Decide(context.Background(), []Request{{Rule: fw, Key: "k", Cost: 1}}, res); out != Allowed {
+					t.Fatalf("decision: %v %+v, want admitted", out, res[0])
+				}
+				return res
+			}
+			if first := admit(); first[0].spares == 0 {
+				t.Fatalf("the first decision took no spares: %+v", first[0])
+			}
+			fromSpares := admit()
+			if hits, _, _ := l.PrefetchStats(); hits != 1 {
+				t.Fatalf("%d requests admitted from spares, want 1", hits)
+			}
+			if err := l.Refund(context.Background(), Allowed, []Request{{Rule: fw, Key: "k", Cost: 1}}, fromSpares); err != nil {
+				t.Fatal(err)
+			}
+			l.Close() // the unused spares go back
+			check := make([]Result, 1)
+			if _, err := store.Decide(context.Background(), []Request{{Rule: fw, Key: "k"}}, check); err != nil {
+				t.Fatal(err)
+			}
+			// Two admitted, one refunded, the spares given back: one used.
+			if check[0].Remaining != 99 {
+				t.Fatalf("the window has %d left after two admitted and one refunded, want 99: the refund of the request admitted from spares was lost", check[0].Remaining)
+			}
+		})
 	}
 }
