@@ -216,12 +216,14 @@ func (s *spares) undo(reqs []Request, local []bool) {
 }
 
 // pace starts the pause of each prefetching zone whose store decision (at
-// now) could not take all the spares it wanted (see Pacing).
-func (s *spares) pace(reqs []Request, results []Result, now time.Time) {
+// now) could not take all the spares it wanted (see Pacing). Of a denied
+// request, only the zones that denied it: one that would have admitted it
+// took no spares because another zone denied, not because it runs low.
+func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bool) {
 	for i := range reqs {
 		q, res := &reqs[i], &results[i]
 		r := q.Rule
-		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 {
+		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 || (denied && res.Allowed) {
 			continue
 		}
 		missed := r.prefetch - q.Cost - res.spares
@@ -383,7 +385,7 @@ func (l *Limiter) keepSpares(reqs []Request, results []Result) {
 			}
 			l.sparesMu.Unlock()
 			l.keepTaken(sp, reqs, results)
-			sp.pace(reqs, results, time.Now())
+			sp.pace(reqs, results, time.Now(), false)
 			return
 		}
 	}
@@ -433,7 +435,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 			l.keepTaken(sp, reqs, results)
 		}
 		if out == Allowed || out == Denied {
-			sp.pace(reqs, results, now)
+			sp.pace(reqs, results, now, out == Denied)
 		}
 		return out
 	case len(reqs):
@@ -453,7 +455,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 		results[i] = subRes[j]
 	}
 	if out == Allowed || out == Denied {
-		sp.pace(subReqs, subRes, now)
+		sp.pace(subReqs, subRes, now, out == Denied)
 	}
 	switch out {
 	case Allowed:

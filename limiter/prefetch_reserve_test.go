@@ -142,3 +142,42 @@ func TestPrefetchSpareRefundedInItsWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchNotPacedByAnotherZonesDenial: a request that another zone
+// denied takes no spares from a prefetching zone that would have admitted
+// it; that is no sign that the zone's bucket runs low, and must not pace
+// its key (which denied the key's next requests in the prefetching zone's
+// name, its bucket full).
+func TestPrefetchNotPacedByAnotherZonesDenial(t *testing.T) {
+	clk := newTestClock(epoch)
+	ms := newMemory(t, clk)
+	l := New(ms, Options{})
+	defer l.Close()
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 16, Per: time.Second, Burst: 14, Prefetch: 6})
+	tight := mustConfig(t, RuleConfig{Name: "tight", Rate: 100, Per: time.Second, Burst: 1})
+	both := func() ([]Result, Outcome) {
+		res := make([]Result, 2)
+		out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}, {Rule: tight, Key: "all", Cost: 1}}, res)
+		return res, out
+	}
+	// Another key's spares start the node's holder of spares.
+	if out := l.Decide(context.Background(), []Request{{Rule: pf, Key: "warm", Cost: 1}}, make([]Result, 1)); out != Allowed || l.spares.Load() == nil {
+		t.Fatalf("warming: %v, want admitted with spares", out)
+	}
+	if _, out := both(); out != Allowed {
+		t.Fatalf("first request: %v, want admitted", out)
+	}
+	for range 3 { // the spares cover pf; tight, empty, denies
+		if res, out := both(); out != Denied || res[1].Allowed {
+			t.Fatalf("tight drained: %v %+v, want denied by tight", out, res)
+		}
+	}
+	l.spares.Load().expired(time.Time{}) // the spares gone: pf asks the store
+	if res, out := both(); out != Denied || res[1].Allowed || !res[0].Allowed {
+		t.Fatalf("tight drained, pf to the store: %v %+v, want denied by tight alone", out, res)
+	}
+	clk.add(20_000) // tight has a token again; pf never ran low
+	if res, out := both(); out != Allowed {
+		t.Fatalf("tight refilled, pf at %d of 14: %v %+v, want admitted", 14-2, out, res)
+	}
+}
