@@ -18,6 +18,7 @@ const (
 	InvResources  = "resources"    // goroutines, fds, RSS back at baseline
 	InvStatus     = "5xx"          // no 5xx but on_error deny's 503 and the app's 500
 	InvHarness    = "harness"      // a fault could not be injected
+	InvWaiting    = "waiting"      // no leaky bucket waiting room holds a place after the load
 )
 
 // Violation is one broken invariant.

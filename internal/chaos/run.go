@@ -97,6 +97,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.checkRefunds()
 	c.checkDryRun()
 	c.checkStatus()
+	c.checkWaitRooms(nodes) // waitroom.go
 	// The upstream closes its idle keep-alive connections, so that the
 	// proxy's goroutines that wait on them are gone, as at the baseline.
 	up.srv.SetKeepAlivesEnabled(false)

@@ -81,6 +81,8 @@ type Zone struct {
 	DryRun bool
 	// OnError is local, deny or allow.
 	OnError string
+	// MaxWaiting is a leaky bucket's max_waiting, 0 for the default.
+	MaxWaiting int64
 }
 
 // Target is one path of the site: the zones that apply to it.
@@ -218,6 +220,7 @@ func Draw(seed uint64, o Options) *Scenario {
 	s.drawTargets(r)
 	s.drawClients(r)
 	s.drawFaults(r)
+	s.drawFeatures() // features.go
 	return s
 }
 

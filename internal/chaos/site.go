@@ -76,6 +76,9 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 		if len(z.CountStatus) > 0 {
 			line("count_status %s", strings.Join(z.CountStatus, " "))
 		}
+		if z.MaxWaiting > 0 {
+			line("max_waiting %d", z.MaxWaiting)
+		}
 	}
 	if z.Ban != nil {
 		line("ban %s after %d in %s", dur(z.Ban.Duration), z.Ban.After, dur(z.Ban.Window))
