@@ -54,6 +54,7 @@ func runChaos(t *testing.T, seed uint64, o chaos.Options) {
 	t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 		res := chaos.Run(t, caddyBin, chaos.Draw(seed, o))
 		var b strings.Builder
+		o.Explain = true // a violation in CI shows its trace
 		res.Print(&b, o)
 		t.Log(b.String())
 		for _, v := range res.Violations {

@@ -37,9 +37,10 @@ func main() {
 	forD := flag.Duration("for", 0, "run seeds until this much time has passed (0: run -scenarios seeds)")
 	load := flag.Duration("load", 10*time.Second, "how long each scenario's clients send")
 	topo := flag.String("topology", "", "comma-separated topologies to draw from (single, cluster, sentinel, memory); default all")
+	explain := flag.Bool("explain", false, "print each violation's trace (the faults, the requests of its key around it), the site and the clients")
 	flag.Parse()
 
-	o := chaos.Options{Load: *load}
+	o := chaos.Options{Load: *load, Explain: *explain}
 	for _, t := range strings.Split(*topo, ",") {
 		if t != "" {
 			o.Topologies = append(o.Topologies, chaos.Topology(t))

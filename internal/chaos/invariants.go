@@ -222,7 +222,7 @@ func (c *checker) checkBans() {
 			if c.inFault(example.sent, c.o.seen[example.id].at, 0, 0, c.redisDown) {
 				during = " (during a Redis fault)"
 			}
-			c.fail(InvBan, "zone %s key %s banned %s to %s: %d requests admitted while banned, e.g. %s sent %s through node %d%s",
+			c.failAt(InvBan, example.sent, ofKey(example.key), "zone %s key %s banned %s to %s: %d requests admitted while banned, e.g. %s sent %s through node %d%s",
 				ban.Zone, printable(ban.Key), ban.Start.Format("15:04:05.000"), ban.End.Format("15:04:05.000"), n,
 				c.s.Targets[example.target].Path, example.sent.Format("15:04:05.000"), example.node, during)
 		}
@@ -277,7 +277,7 @@ func (c *checker) checkIsolation() {
 		}
 	}
 	if n > 0 {
-		c.fail(InvIsolation, "the victim (no key: its address 127.0.0.1), at a quarter of its limit on %s, was denied %d times, first by zone %s at %s: another client's key spent its bucket",
+		c.failAt(InvIsolation, example.sent, ofClient(example.client), "the victim (no key: its address 127.0.0.1), at a quarter of its limit on %s, was denied %d times, first by zone %s at %s: another client's key spent its bucket",
 			c.s.Targets[example.target].Path, n, example.denier, example.sent.Format("15:04:05.000"))
 	}
 }
@@ -303,7 +303,7 @@ func (c *checker) checkRefunds() {
 			if c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter+refill, func(string) bool { return true }) {
 				continue
 			}
-			c.fail(InvCountExact, "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge%s",
+			c.failAt(InvCountExact, q.sent, ofKey(q.key), "zone %s (count_status %s) denied key %s at %s, whose every response (%d) it does not count: an uncounted response kept its charge%s",
 				z.Name, strings.Join(z.CountStatus, " "), q.key, q.sent.Format("15:04:05.000"), q.client.Status, c.sinceFault(q.sent, func(string) bool { return true }))
 			return
 		}

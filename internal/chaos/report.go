@@ -27,6 +27,10 @@ type Violation struct {
 	Invariant string
 	// Detail says what broke, with the figures.
 	Detail string
+	// Trace, for a violation about one client or key, lists the faults
+	// and that client's requests around the moment it names (printed
+	// with Options.Explain).
+	Trace string
 }
 
 func (v Violation) String() string { return v.Invariant + ": " + v.Detail }
@@ -50,7 +54,7 @@ type Result struct {
 
 // Repro is the command line that runs this scenario again.
 func Repro(seed uint64, o Options) string {
-	cmd := fmt.Sprintf("go run ./cmd/fleetchaos -seed %d -scenarios 1", seed)
+	cmd := fmt.Sprintf("go run ./cmd/fleetchaos -seed %d -scenarios 1 -explain", seed)
 	if o.Load > 0 && o.Load != 10*time.Second {
 		cmd += " -load " + o.Load.String()
 	}
@@ -76,5 +80,14 @@ func (r *Result) Print(w interface{ Write([]byte) (int, error) }, o Options) {
 		s.Seed, s.Summary(), r.Requests, r.Admitted, r.Buckets, r.Took.Round(time.Second), verdict)
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "  VIOLATION seed %d %s\n    repro: %s\n", s.Seed, v, Repro(s.Seed, o))
+		if o.Explain && v.Trace != "" {
+			fmt.Fprintf(w, "    trace:\n      %s\n", strings.ReplaceAll(strings.TrimSpace(v.Trace), "\n", "\n      "))
+		}
+	}
+	if o.Explain && len(r.Violations) > 0 {
+		fmt.Fprintf(w, "    the site (each node's Caddyfile, its store block left out):\n%s\n", s.Site("\t\t\t# the scenario's store", "upstream", 0))
+		for _, c := range s.Clients {
+			fmt.Fprintf(w, "    client %d %s key %q tier %s cost %d status %d workers %d targets %v\n", c.ID, c.Kind, printable(c.Key), c.Tier, c.Cost, c.Status, c.Workers, c.Targets)
+		}
 	}
 }

@@ -196,6 +196,9 @@ type Options struct {
 	Load time.Duration
 	// Topologies, when not empty, restricts the topologies drawn.
 	Topologies []Topology
+	// Explain prints, with each violation, its trace, the site and the
+	// clients (Result.Print); it changes nothing drawn.
+	Explain bool
 }
 
 // Draw draws a scenario from seed: the same seed and options give the same
