@@ -76,8 +76,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        cost  <n|placeholder>
 //	        on_error allow|deny|local
 //	        fleet_size <n>
+//	        exempt <ip|cidr|private_ranges>...
 //	        match { <matchers> }
 //	    }
+//	    exempt <ip|cidr|private_ranges>...  # never limited by any zone
 //	    headers ietf|legacy|both|none
 //	    log_key
 //	    dry_run                           # every zone a dry run
@@ -122,6 +124,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Zones = append(h.Zones, z)
+		case "exempt":
+			if err := unmarshalExempt(d, &h.Exempt); err != nil {
+				return d.WrapErr(err)
+			}
 		case "distributed", "storage":
 			if err := h.unmarshalCompat(d); err != nil {
 				return err
@@ -205,7 +211,7 @@ var (
 			return err
 		},
 	}
-	handlerBlocks = []string{"redis", "zone", "distributed", "storage"}
+	handlerBlocks = []string{"redis", "zone", "exempt", "distributed", "storage"}
 )
 
 // unmarshalSetting sets up a rate_limit subdirective of handlerFlags or
@@ -458,7 +464,7 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt"}
 	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease", "prefetch"}
 )
 
@@ -540,6 +546,11 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		}
 		z.CountStatus = args
 		return nil
+	case "exempt":
+		if err := unmarshalExempt(d, &z.Exempt); err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+		return nil
 	case "match":
 		if d.NextArg() {
 			return d.ArgErr()
@@ -611,6 +622,25 @@ func (z *Zone) unmarshalPrefetch(d *caddyfile.Dispenser) error {
 			return d.Errf("zone %q: %v", z.Name, err)
 		}
 	}
+	return nil
+}
+
+// unmarshalExempt adds the networks of an exempt line to list; several
+// lines add up. A network that does not parse is reported at its line.
+func unmarshalExempt(d *caddyfile.Dispenser, list *[]string) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return errors.New("exempt needs at least one IP address, CIDR network or private_ranges")
+	}
+	for _, a := range args {
+		if a == privateRanges {
+			continue
+		}
+		if _, err := parseNetwork(a); err != nil {
+			return err
+		}
+	}
+	*list = append(*list, args...)
 	return nil
 }
 

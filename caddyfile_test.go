@@ -1319,10 +1319,10 @@ func TestCaddyfileWantLists(t *testing.T) {
 	}{
 		{"rate_limit", func(sub string) string {
 			return ":80 {\n\trate_limit {\n\t\t" + sub + "\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
-		}, 13},
+		}, 14},
 		{"zone", func(sub string) string {
 			return ":80 {\n\trate_limit {\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t\t" + sub + "\n\t\t}\n\t}\n}\n"
-		}, 21},
+		}, 22},
 		{"redis", func(sub string) string {
 			return ":80 {\n\trate_limit {\n\t\tredis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\t" + sub + "\n\t\t}\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
 		}, 21},

@@ -147,7 +147,18 @@ type Handler struct {
 	// that a new configuration can be watched before it is enforced.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// Exempt lists clients that no zone of the handler limits: IP
+	// addresses (`192.0.2.7`, `::1`), CIDR networks (`10.0.0.0/8`) or
+	// `private_ranges`. The address matched is Caddy's client IP, the
+	// `{client_ip}` placeholder: the connection's peer, or, from a proxy
+	// that the server's `trusted_proxies` name, the client it forwards
+	// for. An exempt request is counted under the outcome `exempt` in
+	// each zone that applies to it, costs no store call, and gets no rate
+	// limit fields. Zones have their own Exempt too. Default: none.
+	Exempt []string `json:"exempt,omitempty"`
+
 	obs     *observe.Handler // placeholders, events, metrics and stats
+	exempt  exemptSet        // Exempt, parsed
 	denials denialLog        // how denials are logged (log_denials)
 	// dryRunLog throttles the log lines of dry-run zones (nil: none).
 	dryRunLog *denialThrottle
@@ -199,6 +210,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionCompat(); err != nil {
 		return err
 	}
+	h.exempt, _ = parseExempt(h.Exempt) // validated
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}

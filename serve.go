@@ -78,6 +78,7 @@ func (sc *scratch) views(ds []zoneDecision) ([]limiter.Request, []limiter.Result
 func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	ds := sc.decisions[:0]
+	ex := h.newExemption(r)
 	for _, z := range h.Zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -87,6 +88,11 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 			if !ok {
 				continue
 			}
+		}
+		if ex.of(z) {
+			// Left out of the decision: no store call, no fields.
+			z.obs.Exempted()
+			continue
 		}
 		cost, ok := z.costOf(repl)
 		if !ok {

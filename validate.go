@@ -77,6 +77,9 @@ func (h *Handler) validate() error {
 	if h.MaxKeys < 0 {
 		return inSetting("max_keys", errors.New("max_keys must not be negative"))
 	}
+	if _, err := parseExempt(h.Exempt); err != nil {
+		return inSetting("exempt", err)
+	}
 	if err := h.validateCompat(); err != nil {
 		return err
 	}

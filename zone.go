@@ -200,6 +200,15 @@ type Zone struct {
 	// disabled).
 	FleetSize int64 `json:"fleet_size,omitempty"`
 
+	// Exempt lists clients that the zone never limits: IP addresses, CIDR
+	// networks or `private_ranges`, matched against Caddy's client IP
+	// (`{client_ip}`, which honours the server's `trusted_proxies`). A
+	// request from one is left out of the zone as if its matchers had not
+	// matched, but counted under the outcome `exempt`: it costs the zone
+	// nothing, no store call for it, and gets no rate limit fields of the
+	// zone. Default: none.
+	Exempt []string `json:"exempt,omitempty"`
+
 	// MatcherSetsRaw limits the zone to matching requests. Default: all
 	// requests that reach the handler.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -208,7 +217,8 @@ type Zone struct {
 	base        *appliedRule  // rule, with its field values
 	rules       *ruleCache    // the rules of placeholder values; nil without placeholders
 	matchers    caddyhttp.MatcherSets
-	route       string // the zone's matchers as configured (JSON), for the denial feed
+	exempt      exemptSet // Exempt, parsed
+	route       string    // the zone's matchers as configured (JSON), for the denial feed
 	keys        []keyExpr
 	cost        int64  // the static cost, when costExpr is empty
 	costExpr    string // placeholder expression of a dynamic cost
@@ -273,6 +283,9 @@ func (z *Zone) validate() error {
 			return inSetting("key", fmt.Errorf("key %q is not a valid placeholder expression: %w", e, err))
 		}
 	}
+	if _, err := parseExempt(z.Exempt); err != nil {
+		return inSetting("exempt", err)
+	}
 	return z.validateCost(rule)
 }
 
@@ -314,6 +327,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		z.rules = &ruleCache{m: make(map[[2]int64]*cachedRule), size: defaultRuleCacheSize, name: z.Name,
 			build: func(rate, burst int64) (*limiter.Rule, error) { return z.compileRule(rate, burst) }}
 	}
+	z.exempt, _ = parseExempt(z.Exempt) // validated
 	z.provisionKeys()
 	z.provisionCost()
 	z.provisionReserve()

@@ -96,6 +96,11 @@ type statsZone struct {
 	// survive reloads).
 	Totals        outcomeCounts[uint64] `json:"totals"`
 	DenyCacheHits uint64                `json:"deny_cache_hits"`
+	// Exempt counts the requests the zone left alone because their
+	// client is exempt (exempt), NearLimit the admitted requests that left
+	// the bucket less than 20% of its capacity.
+	Exempt    uint64 `json:"exempt"`
+	NearLimit uint64 `json:"near_limit"`
 	// Evictions counts the zone's buckets this node's memory store
 	// evicted before they were full, to make room for new keys
 	// (max_keys).
@@ -376,6 +381,8 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 		Name:           z.name,
 		Totals:         countsOf(z.loadTotals()),
 		DenyCacheHits:  z.hits.Load(),
+		Exempt:         z.exempt.Load(),
+		NearLimit:      z.nearLimit.Load(),
 		Evictions:      info.evictions(),
 		Refunds:        z.refunds.Load(),
 		RefundsDropped: z.refundsDropped.Load(),

@@ -28,9 +28,13 @@ import (
 //	caddy_rate_limit_evictions_total{zone}                 counter
 //	caddy_rate_limit_clock_offset_seconds{store}           gauge
 //	caddy_rate_limit_refunds_total{zone,result}            counter
+//	caddy_rate_limit_near_limit_total{zone}                counter
+//	caddy_rate_limit_redis_memory_warning{store}           gauge
+//	caddy_rate_limit_redis_evicted_keys_total{store}       counter
 //
 // outcome is one of allowed, denied, failed_open, failed_closed,
-// local_allowed, local_denied, banned, dry_run_denied (see zoneOutcome);
+// local_allowed, local_denied, banned, dry_run_denied (see zoneOutcome),
+// and exempt (a request the zone left alone: its client is exempt);
 // reason is one of timeout, breaker_open, oom, auth, error; a refund's
 // result is applied or dropped.
 
@@ -50,6 +54,10 @@ var outcomeNames = [limiter.NumOutcomes]string{
 	limiter.Banned:       "banned",
 	limiter.DryRunDenied: "dry_run_denied",
 }
+
+// outcomeExempt labels the requests a zone left alone because their client
+// is exempt: not a limiter.Outcome, since the limiter never sees them.
+const outcomeExempt = "exempt"
 
 // Store error reasons, as labelled.
 const (
@@ -73,6 +81,9 @@ var metrics = struct {
 	breaker       *scrapeCollector
 	evictions     *scrapeCollector
 	clockOffset   *scrapeCollector
+	nearLimit     *prometheus.CounterVec
+	memoryWarning *scrapeCollector
+	redisEvicted  *scrapeCollector
 
 	// mu guards users: how many stats values use the series of a zone or
 	// store name. Their series are deleted when the last one goes, not
@@ -84,7 +95,7 @@ var metrics = struct {
 func initMetrics() {
 	metrics.once.Do(func() {
 		metrics.decisions = newCounterVec("decisions_total",
-			"Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied, banned, dry_run_denied.",
+			"Requests decided per zone, by outcome: allowed, denied, failed_open, failed_closed, local_allowed, local_denied, banned, dry_run_denied, exempt.",
 			"zone", "outcome")
 		metrics.refunds = newCounterVec("refunds_total",
 			"Charges given back after the response, per zone (count_status refunds, concurrency slots released), by result: applied, or dropped because the store failed (the charge stays).",
@@ -111,6 +122,15 @@ func initMetrics() {
 		metrics.clockOffset = newScrapeCollector("clock_offset_seconds",
 			"Redis' TIME minus this node's clock, measured once a second (negative when this node's clock is ahead); buckets never depend on it.",
 			"store", prometheus.GaugeValue, clockOffsets)
+		metrics.nearLimit = newCounterVec("near_limit_total",
+			"Requests the zone admitted that left its bucket less than 20% of its capacity (the burst; the limit of a window or a concurrency zone).",
+			"zone")
+		metrics.memoryWarning = newScrapeCollector("redis_memory_warning",
+			"1 when Redis' memory set-up does not suit rate-limit buckets (no maxmemory, noeviction, allkeys-*; see the stats' memory.warning), else 0; absent until read, or when the ACL refuses INFO.",
+			"store", prometheus.GaugeValue, memoryWarnings)
+		metrics.redisEvicted = newScrapeCollector("redis_evicted_keys_total",
+			"Keys the Redis servers of the store evicted (INFO stats evicted_keys, summed; from each server's start), read once a minute; absent until read.",
+			"store", prometheus.CounterValue, redisEvictedKeys)
 	})
 }
 
@@ -132,7 +152,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits, metrics.refunds,
-		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset} {
+		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset,
+		metrics.nearLimit, metrics.memoryWarning, metrics.redisEvicted} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -147,6 +168,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 // only adds to them.
 type zoneSeries struct {
 	decisions [limiter.NumOutcomes]prometheus.Counter
+	exempt    prometheus.Counter // decisions{outcome="exempt"}
+	nearLimit prometheus.Counter
 	cacheHits prometheus.Counter
 	refunds   [2]prometheus.Counter // by refundApplied, refundDropped
 }
@@ -169,6 +192,8 @@ func claimZoneSeries(zone string) zoneSeries {
 	for o := range s.decisions {
 		s.decisions[o] = metrics.decisions.WithLabelValues(zone, outcomeNames[o])
 	}
+	s.exempt = metrics.decisions.WithLabelValues(zone, outcomeExempt)
+	s.nearLimit = metrics.nearLimit.WithLabelValues(zone)
 	s.cacheHits = metrics.cacheHits.WithLabelValues(zone)
 	for r := range s.refunds {
 		s.refunds[r] = metrics.refunds.WithLabelValues(zone, refundResults[r])
@@ -187,6 +212,8 @@ func releaseZoneSeries(zone string) {
 	for _, name := range outcomeNames {
 		metrics.decisions.DeleteLabelValues(zone, name)
 	}
+	metrics.decisions.DeleteLabelValues(zone, outcomeExempt)
+	metrics.nearLimit.DeleteLabelValues(zone)
 	metrics.cacheHits.DeleteLabelValues(zone)
 	for _, r := range refundResults {
 		metrics.refunds.DeleteLabelValues(zone, r)
@@ -329,4 +356,46 @@ func clockOffsets() map[string]float64 {
 		return true
 	})
 	return offsets
+}
+
+// memoryWarnings returns, for each Redis store whose memory has been read,
+// 1 when its set-up does not suit buckets (the stats' memory.warning), else
+// 0. Two stores of the same name report 1 if either warns.
+func memoryWarnings() map[string]float64 {
+	out := map[string]float64{}
+	storeRegistry.Range(func(_, v any) bool {
+		s := v.(*storeStats)
+		if s.redis == nil {
+			return true
+		}
+		if m, ok := s.redis.Memory(); ok {
+			val := 0.0
+			if redisMemoryOf(m).Warning != "" {
+				val = 1
+			}
+			out[s.name] = max(out[s.name], val)
+		}
+		return true
+	})
+	return out
+}
+
+// redisEvictedKeys returns, for each Redis store whose memory has been
+// read, the keys its servers evicted (INFO's evicted_keys, summed). Two
+// stores of the same name report the first one's.
+func redisEvictedKeys() map[string]float64 {
+	out := map[string]float64{}
+	storeRegistry.Range(func(_, v any) bool {
+		s := v.(*storeStats)
+		if s.redis == nil {
+			return true
+		}
+		if m, ok := s.redis.Memory(); ok {
+			if _, seen := out[s.name]; !seen {
+				out[s.name] = float64(m.EvictedKeys)
+			}
+		}
+		return true
+	})
+	return out
 }

@@ -255,6 +255,9 @@ func (h *Handler) Cleanup() error {
 //	LocalAllowed   zones with the local policy: local_allowed; others failed_open
 //	LocalDenied    the local zones that denied: local_denied
 //
+// A zone whose client is exempt does not decide the request at all: the
+// handler counts it with Zone.Exempted.
+//
 // Whatever the request's outcome, a zone that denied because the key is
 // banned counts banned, and a dry-run zone that would have denied counts
 // dry_run_denied (it let the request through, and was not charged).
@@ -288,8 +291,9 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // Zone) decided reqs[i] with results[i], and outcome is the request's. It
 // sets the zones' placeholders, counts the metrics and stats, records each
 // zone's denial (or dry-run zone's would-be denial) in the denial feed and
-// the top denied keys and networks, and emits the rate_limit_exceeded event
-// of each zone that denied. Call it on every decided request, with every
+// the top denied keys and networks, counts the admissions that left a
+// bucket near its limit (nearlimit.go), and emits the rate_limit_exceeded
+// event of each zone that denied. Call it on every decided request, with every
 // zone that applied, including those a cached denial left unconsulted
 // (their results are Unknown). r is the request decided; exceeded names
 // the zone that answers its denial ({http.rate_limit.exceeded.name}), ""
@@ -317,6 +321,9 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 		denied := o == limiter.Denied || o == limiter.LocalDenied || o == limiter.Banned
 		if st := z.stats; st != nil {
 			st.count(o, sec)
+			if o == limiter.Allowed && !res.Unknown && nearLimit(reqs[i].Rule, res) {
+				st.nearedLimit()
+			}
 			if denied || o == limiter.DryRunDenied {
 				if !ipLooked {
 					ip, ipLooked = clientAddr(r), true

@@ -102,6 +102,10 @@ type zoneStats struct {
 	store  *storeStats // where the zone's buckets are (part of its key)
 	totals [limiter.NumOutcomes]atomic.Uint64
 	hits   atomic.Uint64 // deny cache hits
+	// exempt counts the requests the zone left alone (their client is
+	// exempt), nearLimit the admitted ones that left the bucket nearly
+	// empty (nearLimitShare).
+	exempt, nearLimit atomic.Uint64
 	// refunds and refundsDropped count charges given back after the
 	// response, and those the store failed to take back.
 	refunds, refundsDropped atomic.Uint64
@@ -187,6 +191,19 @@ func (z *zoneStats) count(o limiter.Outcome, sec int64) {
 	z.totals[o].Add(1)
 	z.ring.add(sec, o)
 	z.series.decisions[o].Inc()
+}
+
+// exempted counts a request the zone left alone: its client is exempt.
+func (z *zoneStats) exempted() {
+	z.exempt.Add(1)
+	z.series.exempt.Inc()
+}
+
+// nearedLimit counts an admitted request that left the bucket nearly
+// empty.
+func (z *zoneStats) nearedLimit() {
+	z.nearLimit.Add(1)
+	z.series.nearLimit.Inc()
 }
 
 func (z *zoneStats) cacheHit() {
