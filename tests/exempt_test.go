@@ -77,12 +77,14 @@ func hasRateLimitFields(h http.Header) bool {
 // and one of whose zones exempts a network that only a trusted proxy can
 // name (X-Forwarded-For): exempt clients pass whatever their buckets hold,
 // get no fields of the zones that exempt them, are charged nothing, are
-// counted under the outcome exempt, and a client that is not behind the
-// trusted proxy cannot claim an exempt address.
+// counted under the outcome exempt, and no client can claim an exempt
+// address: neither one that is not the trusted proxy, nor one behind it
+// that sends its own X-Forwarded-For.
 func TestExempt(t *testing.T) {
 	t.Parallel()
 	globals := `	servers {
 		trusted_proxies static 127.0.0.3/32
+		trusted_proxies_strict
 		client_ip_headers X-Forwarded-For
 	}`
 	n := startCaddy(t, globals, `
@@ -137,16 +139,21 @@ func TestExempt(t *testing.T) {
 	// A client that is not the trusted proxy cannot claim it.
 	got, fields = direct.statuses(n, 4, "/", "X-Key: k5", "X-Forwarded-For: 127.0.0.2")
 	want("127.0.0.1 claiming 127.0.0.2", got, fields, 3, 1, true)
+	// Nor can a client behind the proxy, by sending its own
+	// X-Forwarded-For that the proxy appends to: trusted_proxies_strict
+	// reads the header from the right.
+	got, fields = proxy.statuses(n, 4, "/", "X-Key: k6", "X-Forwarded-For: 127.0.0.2, 198.51.100.50")
+	want("198.51.100.50 forging 127.0.0.2 through the proxy", got, fields, 3, 1, true)
 
 	m := n.scrape()
 	wantMetric(t, m, 25, "caddy_rate_limit_decisions_total", "zone", "per_client", "outcome", "exempt")
 	wantMetric(t, m, 14, "caddy_rate_limit_decisions_total", "zone", "login", "outcome", "exempt")
-	wantMetric(t, m, 12, "caddy_rate_limit_decisions_total", "zone", "per_client", "outcome", "allowed")
-	wantMetric(t, m, 5, "caddy_rate_limit_decisions_total", "zone", "per_client", "outcome", "denied")
+	wantMetric(t, m, 15, "caddy_rate_limit_decisions_total", "zone", "per_client", "outcome", "allowed")
+	wantMetric(t, m, 6, "caddy_rate_limit_decisions_total", "zone", "per_client", "outcome", "denied")
 	wantMetric(t, m, 0, "caddy_rate_limit_decisions_total", "zone", "login", "outcome", "allowed")
-	// Each of the four limited keys left per_client's burst of 3 near
+	// Each of the five limited keys left per_client's burst of 3 near
 	// its limit once (0 left < 20% of 3); login admitted nothing.
-	wantMetric(t, m, 4, "caddy_rate_limit_near_limit_total", "zone", "per_client")
+	wantMetric(t, m, 5, "caddy_rate_limit_near_limit_total", "zone", "per_client")
 	wantMetric(t, m, 0, "caddy_rate_limit_near_limit_total", "zone", "login")
 
 	// The stats count them too.
@@ -165,7 +172,7 @@ func TestExempt(t *testing.T) {
 	for _, z := range s.Zones {
 		counts[z.Name] = [2]uint64{z.Exempt, z.NearLimit}
 	}
-	if counts["per_client"] != [2]uint64{25, 4} || counts["login"] != [2]uint64{14, 0} {
+	if counts["per_client"] != [2]uint64{25, 5} || counts["login"] != [2]uint64{14, 0} {
 		t.Errorf("stats (exempt, near_limit) by zone: %v", counts)
 	}
 }
