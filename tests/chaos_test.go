@@ -18,7 +18,7 @@ var (
 // chaosSeeds are the seeds the checker runs by default: within about a
 // minute, one Redis whose clients are killed, paused and made to sleep
 // under three nodes, a memory store reloaded four times, and concurrency
-// slots across a SIGSTOP and a DEBUG SLEEP.
+// slots across a SIGSTOP and a DEBUG SLEEP, beside an exempt client.
 var chaosSeeds = []uint64{8, 9, 25}
 
 // chaosLoad is how long each default scenario's clients send.

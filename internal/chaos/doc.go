@@ -11,7 +11,8 @@
 //
 // One concept per file: scenario.go draws, site.go writes the Caddyfile,
 // topology.go starts Redis, upstream.go is the application, load.go the
-// clients, fault.go the faults, bans.go and resources.go what the nodes
-// expose, bound.go the exact bounds and allowances, invariants.go the
-// checks, report.go the violations, run.go one scenario end to end.
+// clients, exempt.go the exempt client and its check, fault.go the faults,
+// bans.go and resources.go what the nodes expose, bound.go the exact
+// bounds and allowances, invariants.go the checks, report.go the
+// violations, run.go one scenario end to end.
 package chaos

@@ -9,6 +9,7 @@ import "math/rand/v2"
 // found. Each feature takes the next stream number.
 const (
 	streamMaxWaiting = 0xfea7_0001 + iota
+	streamExempt
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -19,6 +20,7 @@ func featureRand(seed uint64, stream uint64) *rand.Rand {
 // drawFeatures draws the later features, each from its own stream.
 func (s *Scenario) drawFeatures() {
 	s.drawMaxWaiting(featureRand(s.Seed, streamMaxWaiting))
+	s.drawExempt(featureRand(s.Seed, streamExempt)) // exempt.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

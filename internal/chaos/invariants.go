@@ -60,6 +60,9 @@ func (c *checker) buckets() []*bucket {
 	idx := map[string]*bucket{}
 	var out []*bucket
 	for _, q := range c.o.requests {
+		if exemptClient(q.client) {
+			continue // charged to no bucket (checkExempt)
+		}
 		for _, zi := range c.s.Targets[q.target].Zones {
 			z := c.s.Zones[zi]
 			key := "all"

@@ -30,6 +30,8 @@ type request struct {
 	denier  string // the zone a 429 named
 	gen     string // X-Gen of the answer
 	fromApp bool   // the answer carries X-Upstream
+	fields  bool   // the answer carries rate limit fields (exempt.go)
+	delayed bool   // a leaky bucket held it (X-Ratelimit-Delay)
 	err     string
 }
 
@@ -62,6 +64,7 @@ func (s *Scenario) load(ctx context.Context, urls func(i int) string, nodes int)
 func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i int) string, nodes int) []*request {
 	r := rand.New(rand.NewPCG(s.Seed, uint64(c.ID*16+w)))
 	tr := &http.Transport{MaxIdleConnsPerHost: 2, DisableCompression: true}
+	bindSource(tr, c)
 	defer tr.CloseIdleConnections()
 	timeout := 5 * time.Second
 	if c.Abort > 0 {
@@ -128,6 +131,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request) {
 	q.status = resp.StatusCode
 	q.fromApp = resp.Header.Get("X-Upstream") != ""
 	q.gen = resp.Header.Get("X-Gen")
+	q.fields, q.delayed = rateLimitFields(resp.Header)
 	if q.status == http.StatusTooManyRequests {
 		q.denier = strings.TrimSpace(string(body))
 	}

@@ -96,6 +96,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.checkIsolation()
 	c.checkRefunds()
 	c.checkDryRun()
+	c.checkExempt()
 	c.checkStatus()
 	c.checkWaitRooms(nodes) // waitroom.go
 	// The upstream closes its idle keep-alive connections, so that the

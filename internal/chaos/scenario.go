@@ -139,6 +139,9 @@ type Client struct {
 	Pace time.Duration
 	// Targets are the indexes of the targets it sends to, in turn.
 	Targets []int
+	// Source is the loopback address it sends from; empty: 127.0.0.1
+	// (exempt.go).
+	Source string
 }
 
 // The kinds of faults.
@@ -188,6 +191,8 @@ type Scenario struct {
 	// VictimTarget is the index of the target the victim and the spoofer
 	// share, -1 when there is none.
 	VictimTarget int
+	// Exempt is the scenario's exemption, nil for none (exempt.go).
+	Exempt *Exemption
 }
 
 // Options bound what Draw may choose.

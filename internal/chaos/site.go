@@ -23,6 +23,7 @@ func (s *Scenario) Site(redisBlock, upstream string, gen int) string {
 		fmt.Fprintf(&b, "\t\t%s %d %d\n", t.Name, t.Rate, t.Burst)
 	}
 	b.WriteString("\t}\n\trate_limit {\n\t\tlog_key\n")
+	s.writeExempt(&b)
 	if redisBlock != "" {
 		b.WriteString(redisBlock)
 	}
@@ -85,6 +86,9 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 	}
 	if z.DryRun {
 		line("dry_run")
+	}
+	if e := s.zoneExempt(zi); e != "" {
+		line("%s", e)
 	}
 	line("on_error %s", z.OnError)
 	var paths []string
