@@ -150,6 +150,10 @@ func BenchmarkServeHTTP(b *testing.B) {
 		{"memory/hot-3-zones", `{"zones":[` + allow + `,` + zoneJSON("ip", "{http.vars.client_ip}", 1000, time.Hour, 100_000_000) +
 			`,` + zoneJSON("global", "all", 1000, time.Hour, 100_000_000) + `]}`, 0, false, false},
 		{"memory/hot-headers-none", `{"headers":"none","zones":[` + allow + `]}`, 0, false, false},
+		// An exempt list that does not hold the client, and one that does
+		// (192.0.2.7, benchRequest's address): decided by no zone.
+		{"memory/hot-exempt-list", `{"exempt":["10.0.0.0/8","2001:db8::/32"],"zones":[` + allow + `]}`, 0, false, false},
+		{"memory/exempt", `{"exempt":["192.0.2.0/24"],"zones":[` + allow + `]}`, 0, false, false},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
