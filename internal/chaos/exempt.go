@@ -178,11 +178,11 @@ func (c *checker) checkExempt() {
 		where = "its zones"
 	}
 	if denied > 0 {
-		c.fail(InvExempt, "the exempt client (from %s, exempt %s on %s) was limited %d times (denied, delayed or given rate limit fields), first %d (fields %v, delayed %v, denier %q) at %s",
+		c.failAt(InvExempt, first.sent, ofClient(first.client), "the exempt client (from %s, exempt %s on %s) was limited %d times (denied, delayed or given rate limit fields), first %d (fields %v, delayed %v, denier %q) at %s",
 			e.Source, e.Network, where, denied, first.status, first.fields, first.delayed, first.denier, first.sent.Format("15:04:05.000"))
 	}
 	if twin > 0 {
-		c.fail(InvExempt, "the exempt client's twin (its key from 127.0.0.1, at a quarter of the limit on %s) was denied or delayed %d times, first %d (denier %q) at %s: the exempt client's requests were charged to the key",
+		c.failAt(InvExempt, firstTwin.sent, ofKey(firstTwin.key), "the exempt client's twin (its key from 127.0.0.1, at a quarter of the limit on %s) was denied or delayed %d times, first %d (denier %q) at %s: the exempt client's requests were charged to the key",
 			c.s.Targets[e.Target].Path, twin, firstTwin.status, firstTwin.denier, firstTwin.sent.Format("15:04:05.000"))
 	}
 }
