@@ -17,8 +17,8 @@ var (
 
 // chaosSeeds are the seeds the checker runs by default: within about a
 // minute, one Redis whose clients are killed, paused and made to sleep
-// under three nodes, a memory store reloaded four times, and concurrency
-// slots across a SIGSTOP and a DEBUG SLEEP, beside an exempt client.
+// under three nodes, a memory store reloaded four times beside an exempt
+// client, and concurrency slots across a SIGSTOP and a DEBUG SLEEP.
 var chaosSeeds = []uint64{8, 9, 25}
 
 // chaosLoad is how long each default scenario's clients send.
