@@ -1,6 +1,7 @@
 // Package observe is what the rate_limit handler tells the outside about
 // its decisions: placeholders for logs and headers, the rate_limit_exceeded
-// event, Prometheus metrics (metrics.go), the statistics of every zone and
+// event, Prometheus metrics (metrics.go; near-limit and exempt counts in
+// nearlimit.go), the statistics of every zone and
 // store in the process (stats.go, counters.go, topkeys.go, latency.go), the
 // fleet view shared through Redis (fleet.go), the denial feed (feed.go,
 // feedapi.go, netmask.go), the node's clock offset against Redis
