@@ -36,6 +36,11 @@ const (
 	// limiter is told it ended (Limiter.Release); a slot whose node died
 	// is freed after the rule's lease.
 	Concurrency
+	// Quota: at most Rate per calendar period (RuleConfig.Period, in
+	// RuleConfig.Location), starting afresh at each period's first
+	// instant (quota.go). One counter per key, kept until the period
+	// ends.
+	Quota
 )
 
 // ParseAlgorithm parses an algorithm name ("" is token_bucket).
@@ -70,6 +75,8 @@ func (a Algorithm) String() string {
 		return "leaky_bucket"
 	case Concurrency:
 		return "concurrency"
+	case Quota:
+		return "quota"
 	}
 	return "token_bucket"
 }
@@ -86,6 +93,8 @@ func bucketName(name string, alg Algorithm) string {
 		return name + "~log"
 	case Concurrency:
 		return name + "~slots"
+	case Quota:
+		return name + "~quota"
 	}
 	return name
 }
@@ -129,8 +138,11 @@ const DefaultLease = time.Minute
 // longest a request may wait (0 means as long as the queue allows).
 func compileRule(cfg RuleConfig) (*Rule, error) {
 	name, alg, rate, per := cfg.Name, cfg.Algorithm, cfg.Rate, cfg.Per
-	if alg == Concurrency {
+	switch alg {
+	case Concurrency:
 		return concurrencyRule(cfg)
+	case Quota:
+		return quotaRule(cfg)
 	}
 	if alg.windowed() {
 		if rate <= 0 {
@@ -181,8 +193,11 @@ type verdict struct {
 	curr, prev, elapsed int64
 
 	// sliding log: tokens in the window, and (computed from the log) when
-	// a retry can pass and when the log is empty.
+	// a retry can pass and when the log is empty. Quota: curr is the
+	// period's count, reset the microseconds until the period ends and
+	// periodUS its length.
 	used, retry, reset int64
+	periodUS           int64
 
 	// slots is what a concurrency zone holds before the request.
 	slots int64
@@ -215,6 +230,8 @@ func (r *Rule) check(s State, now, cost, res int64) verdict {
 		v = r.leakyCheck(s, now, cost, res)
 	case Concurrency:
 		v = r.slotsCheck(s, cost)
+	case Quota:
+		v = r.quotaCheck(s, now, cost, res)
 	default:
 		v = r.tbCheck(s, now, cost, res)
 	}
@@ -233,7 +250,7 @@ func (r *Rule) reserveUnits(pct int64) int64 {
 	case pct > 99:
 		pct = 99
 	}
-	if r.alg.windowed() {
+	if r.alg.windowed() || r.alg == Quota {
 		return ceilDiv(r.rate*pct, 100)
 	}
 	return ceilDiv(r.capacity*pct, 100) // capacity < 2^50: no overflow
@@ -245,7 +262,7 @@ func (r *Rule) reserveTokens(pct int64) int64 {
 	switch {
 	case pct <= 0 || r.alg == Concurrency:
 		return 0
-	case r.alg.windowed():
+	case r.alg.windowed() || r.alg == Quota:
 		return ceilDiv(r.rate*min(pct, 99), 100)
 	}
 	return ceilDiv(r.burst*min(pct, 99), 100)
@@ -262,6 +279,8 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
 	case Concurrency:
 		return State(v.slots + cost), math.MaxInt64 // held until released
+	case Quota:
+		return r.quotaCommit(v, now, cost)
 	}
 	st := r.stateAt(now, v.after)
 	return st, st.fullAt()
@@ -296,6 +315,8 @@ func (r *Rule) algResult(v verdict, charged bool, cost int64) Result {
 		return r.leakyResult(v, charged)
 	case Concurrency:
 		return r.slotsResult(v, charged, cost)
+	case Quota:
+		return r.quotaResult(v, charged, cost)
 	}
 	return r.tbResult(v, charged)
 }

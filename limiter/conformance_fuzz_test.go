@@ -13,7 +13,8 @@ import (
 )
 
 // FuzzRedisMatchesMemory draws a rule of each of the five rate algorithms
-// from extreme rates, bursts and periods, and replays a short trace of
+// and the quota from extreme rates, bursts and periods (a quota: its
+// calendar period and time zone from perMS), and replays a short trace of
 // extreme costs, reserves and clock steps (from a start anywhere in 35
 // years) through the Redis script and the memory store: every decision
 // and field is the same. `go test` runs the seeds below; `go test -fuzz
@@ -36,6 +37,10 @@ func FuzzRedisMatchesMemory(f *testing.F) {
 		{3, 1000, 3_600_000, 0, -5, 30, 0},
 		{4, 1_000_000, 1, 1, 1, 99, 0},
 		{4, 1, 3_600_000, 100, 100, 50, 1 << 45},
+		{5, 3, 0, 0, math.MaxInt64, 50, 0},
+		{5, 1, 4, 0, 1, 0, 1 << 45},
+		{5, MaxQuota, 5, 0, MaxQuota, 99, 1 << 49},
+		{5, 1000, 7, 0, -5, 30, 1 << 44},
 	} {
 		for seed := range uint64(3) {
 			f.Add(s.alg, s.rate, s.perMS, s.burst, s.cost, s.reserve, s.when, seed)
@@ -43,11 +48,22 @@ func FuzzRedisMatchesMemory(f *testing.F) {
 	}
 	var prefixes atomic.Int64
 	f.Fuzz(func(t *testing.T, alg uint8, rate, perMS, burst, cost, reserve, when int64, seed uint64) {
-		a := []Algorithm{TokenBucket, FixedWindow, SlidingWindow, SlidingLog, LeakyBucket}[alg%5]
+		a := []Algorithm{TokenBucket, FixedWindow, SlidingWindow, SlidingLog, LeakyBucket, Quota}[alg%6]
+		cfg := RuleConfig{Name: "fz", Algorithm: a, Rate: rate, Per: time.Duration(perMS) * time.Millisecond, Burst: burst}
 		if a.windowed() {
-			burst = 0
+			cfg.Burst = 0
 		}
-		r, err := NewRule(RuleConfig{Name: "fz", Algorithm: a, Rate: rate, Per: time.Duration(perMS) * time.Millisecond, Burst: burst})
+		if a == Quota {
+			// The period and the zone from perMS: zones with daylight
+			// saving, half-hour and whole-day changes.
+			zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Pacific/Apia", "Asia/Kolkata"}
+			loc, err := time.LoadLocation(zones[uint64(perMS)/3%uint64(len(zones))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Per, cfg.Burst, cfg.Period, cfg.Location = 0, 0, Day+Period(uint64(perMS)%3), loc
+		}
+		r, err := NewRule(cfg)
 		if err != nil || (a == SlidingLog && r.rate > 10_000) {
 			return // not a rule (a sliding log of more keeps too large a log for a test)
 		}

@@ -66,6 +66,10 @@ type Result struct {
 	// Delay is how long an admitted request must wait before it proceeds
 	// (leaky bucket only: its turn in the queue).
 	Delay time.Duration
+	// Period is, for a quota, the length of the calendar period the
+	// decision fell in (a month of 31 days, a day of 23 hours); 0 for
+	// the other algorithms.
+	Period time.Duration
 	// Unknown reports that the zone was not consulted: the deny cache
 	// answered the request from another zone's cached denial. Allowed is
 	// then true and the other fields are zero.

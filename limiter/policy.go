@@ -94,6 +94,9 @@ func (r *Rule) localRule(n int64) (*Rule, error) {
 	cfg := RuleConfig{Name: r.name + "#local", Algorithm: r.alg, Rate: rate, Per: per,
 		MaxDelay: time.Duration(r.maxDelayUS) * time.Microsecond}
 	switch {
+	case r.alg == Quota:
+		// The calendar stays, the quota is divided.
+		cfg.Rate, cfg.Per, cfg.Period, cfg.Location = max(1, r.rate/n), 0, r.period, r.loc
 	case r.alg == Concurrency:
 		cfg.Lease = r.per
 	case !r.alg.windowed():

@@ -151,7 +151,14 @@ type pipeline struct {
 	// giveBack holds the refunds of the batch's abandoned decisions that
 	// Redis charged (giveback.go), sent after the batch.
 	giveBack []*call
+	// clock is this node's clock, which the quotas' calendars are read
+	// at (their periods around it go with the rule; see quota.go). Nil:
+	// the node's default clock.
+	clock Clock
 }
+
+// nodeNow returns this node's time in microseconds.
+func (p *pipeline) nodeNow() int64 { return clockOr(p.clock).Now().UnixMicro() }
 
 // group sorts a batch into script calls: the decisions into one (per slot
 // in a Cluster, where a script's keys must share a slot), each refund into
@@ -391,6 +398,7 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 	if s.clock != nil {
 		clock = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
 	}
+	p.clock = s.clock // nil: the node's own
 	pipe := s.client.Pipeline()
 	for i := range groups {
 		g := &groups[i]

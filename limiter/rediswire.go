@@ -100,6 +100,10 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	args = append(args, make([]any, lua.ArgRules)...)
 	args[argv+lua.ArgClock], args[argv+lua.ArgRules] = clock, len(rules)
 	for _, r := range rules {
+		if r.alg == Quota {
+			args = append(args, r.quotaArgs(p.nodeNow())...)
+			continue
+		}
 		args = append(args, r.scriptArgs()...)
 	}
 	kinds := make([]zoneKind, 0, 8)
@@ -230,6 +234,8 @@ func (r *Rule) scriptParams() [4]int64 {
 		return [4]int64{r.denom, r.interval, r.burst, r.maxDelayUS}
 	case Concurrency:
 		return [4]int64{r.rate, r.leaseUS, 0, 0}
+	case Quota:
+		return [4]int64{0, 0, 0, r.rate} // the periods: see quotaArgs
 	}
 	return [4]int64{r.denom, r.interval, r.burst, 0}
 }
@@ -259,6 +265,8 @@ func (r *Rule) fromReply(z zoneReply, res int64) verdict {
 		v.used, v.retry, v.reset = r1, r2, r3
 	case Concurrency:
 		v.slots = r1
+	case Quota:
+		v.curr, v.reset, v.periodUS = r1, r2, r3
 	default:
 		v.debt, v.after = r1, r2
 		if r.alg == TokenBucket {

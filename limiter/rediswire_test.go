@@ -233,15 +233,15 @@ func TestWireRedis(t *testing.T) {
 
 // wireResults is what the golden batch's reply decodes into, one request
 // a line.
-const wireResults = `true [{Allowed:true Remaining:19 RetryAfter:0s ResetAfter:400ms Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:400000 at:1700000000000000 spares:3} {Allowed:true Remaining:1 RetryAfter:-1ns ResetAfter:0s Delay:0s Unknown:false DryRun:true Banned:false BanStarted:true owed:0 at:1700000000000000 spares:0}]
-true [{Allowed:true Remaining:18 RetryAfter:0s ResetAfter:400ms Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:400000 at:1700000000000000 spares:2}]
+const wireResults = `true [{Allowed:true Remaining:19 RetryAfter:0s ResetAfter:400ms Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:400000 at:1700000000000000 spares:3} {Allowed:true Remaining:1 RetryAfter:-1ns ResetAfter:0s Delay:0s Period:0s Unknown:false DryRun:true Banned:false BanStarted:true owed:0 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:18 RetryAfter:0s ResetAfter:400ms Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:400000 at:1700000000000000 spares:2}]
 true []
-true [{Allowed:true Remaining:1 RetryAfter:0s ResetAfter:0s Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0} {Allowed:true Remaining:15 RetryAfter:0s ResetAfter:800ms Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:800000 at:1700000000000000 spares:3}]
-true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:40s Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
-true [{Allowed:true Remaining:0 RetryAfter:40s ResetAfter:40s Delay:0s Unknown:false DryRun:true Banned:false BanStarted:true owed:0 at:1700000000000000 spares:0}]
-true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:1m0s Delay:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:60000000 at:1700000000000000 spares:0}]
-false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Unknown:false DryRun:false Banned:true BanStarted:true owed:0 at:1700000000000000 spares:0}]
-false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Unknown:false DryRun:false Banned:true BanStarted:false owed:0 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:1 RetryAfter:0s ResetAfter:0s Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0} {Allowed:true Remaining:15 RetryAfter:0s ResetAfter:800ms Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:800000 at:1700000000000000 spares:3}]
+true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:40s Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:0 RetryAfter:40s ResetAfter:40s Delay:0s Period:0s Unknown:false DryRun:true Banned:false BanStarted:true owed:0 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:60000000 at:1700000000000000 spares:0}]
+false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:true BanStarted:true owed:0 at:1700000000000000 spares:0}]
+false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:true BanStarted:false owed:0 at:1700000000000000 spares:0}]
 `
 
 // TestWireReply: a canned reply (the golden one, written out) decodes into
@@ -304,6 +304,7 @@ func TestWireAlgorithmIDs(t *testing.T) {
 	for alg, id := range map[Algorithm]int{
 		TokenBucket: lua.AlgTokenBucket, SlidingWindow: lua.AlgSlidingWindow, FixedWindow: lua.AlgFixedWindow,
 		SlidingLog: lua.AlgSlidingLog, LeakyBucket: lua.AlgLeakyBucket, Concurrency: lua.AlgConcurrency,
+		Quota: lua.AlgQuota,
 	} {
 		if int(alg) != id {
 			t.Errorf("%s is %d in Go, %d in the scripts", alg, alg, id)

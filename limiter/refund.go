@@ -33,6 +33,8 @@ func (r *Rule) refund(e memEntry, now, cost, at int64) (st State, expires int64,
 	case Concurrency:
 		held := int64(e.state) - cost
 		return State(held), e.expires, held > 0
+	case Quota:
+		return r.quotaRefund(e, now, cost, at)
 	}
 	debt := r.debt(e.state, now) - cost*r.interval
 	if debt <= 0 {

@@ -67,6 +67,11 @@ type Rule struct {
 	// leaseUS is how long a concurrency slot outlives a node that died
 	// holding it, in microseconds.
 	leaseUS int64
+	// period and loc are a quota's calendar period and time zone, and
+	// cal the periods it sends Redis around the node's time (quota.go).
+	period Period
+	loc    *time.Location
+	cal    atomic.Pointer[quotaWindow]
 
 	// dryRun: the zone decides and counts but never denies.
 	dryRun bool
@@ -149,6 +154,12 @@ type RuleConfig struct {
 	// buckets: another node's refund can make a bucket fuller than the
 	// cache could know.
 	Refunds bool
+	// Period is a quota's calendar period: a day, a week from Monday or
+	// a month. Required for Quota, where Rate is the most per period
+	// (at most MaxQuota) and Per is not used.
+	Period Period
+	// Location is the time zone of a quota's periods. Default nil: UTC.
+	Location *time.Location
 	// FleetSize is, under PolicyLocal, how many nodes share the limit:
 	// each node's fallback bucket gets the rate divided by it (for the
 	// buckets exactly: the same tokens over a period FleetSize times
@@ -173,6 +184,9 @@ var (
 	// ErrLeaseNotApplicable: an algorithm other than concurrency was
 	// given a lease.
 	ErrLeaseNotApplicable = errors.New("lease applies to the concurrency algorithm only")
+	// ErrPeriodNotApplicable: an algorithm other than the quota was
+	// given a calendar period.
+	ErrPeriodNotApplicable = errors.New("a calendar period applies to quotas only")
 	// ErrBadBan: a ban whose duration, count or window is not positive.
 	ErrBadBan = errors.New("ban needs a positive duration, a positive number of denials and a positive window, in whole milliseconds")
 )
@@ -207,6 +221,8 @@ func NewRule(cfg RuleConfig) (*Rule, error) {
 		return nil, ErrLeaseNotApplicable
 	case cfg.Burst != 0 && cfg.Algorithm == Concurrency:
 		return nil, ErrBurstNotApplicable
+	case cfg.Period != 0 && cfg.Algorithm != Quota:
+		return nil, ErrPeriodNotApplicable
 	}
 	r, err := compileRule(cfg)
 	if err != nil {

@@ -39,6 +39,8 @@ var (
 	leakyBucket string
 	//go:embed concurrency.lua
 	concurrency string
+	//go:embed quota.lua
+	quota string
 	//go:embed decide.lua
 	decide string
 	//go:embed refund.lua
@@ -61,6 +63,7 @@ var algorithms = []struct {
 	{AlgSlidingLog, slidingLog},
 	{AlgLeakyBucket, leakyBucket},
 	{AlgConcurrency, concurrency},
+	{AlgQuota, quota},
 }
 
 // sections splits an algorithm file into its marked sections.

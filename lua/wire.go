@@ -34,7 +34,9 @@ const (
 	// RuleAlg is the rule's algorithm (AlgTokenBucket …).
 	RuleAlg = 1
 	// RuleP1 to RuleP4 are the algorithm's four parameters (see each
-	// algorithm's .lua file).
+	// algorithm's .lua file). A quota's first three change with the
+	// node's time: the first instants (us) of the three calendar periods
+	// around it; the fourth is the quota.
 	RuleP1 = 2
 	RuleP2 = 3
 	RuleP3 = 4
@@ -67,6 +69,9 @@ const (
 	AlgSlidingLog    = 3
 	AlgLeakyBucket   = 4
 	AlgConcurrency   = 5
+	// AlgQuota's parameters are not fixed: the node sends the first
+	// instants of three periods around its time (see quota.lua).
+	AlgQuota = 6
 )
 
 // Positions in a zone kind's arguments, and how many a kind has. A kind is

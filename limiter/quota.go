@@ -1,0 +1,194 @@
+package limiter
+
+import (
+	"errors"
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/lua"
+)
+
+// The quota algorithm: at most Rate per calendar period (a day, a week from
+// Monday or a month, in the rule's time zone), the count starting afresh at
+// each period's first instant. The state is the period's count times
+// quotaTags plus a tag of the period (its first minute modulo quotaTags),
+// in Redis and in memory alike; it expires at the period's end.
+//
+// Redis decides by its own TIME, but cannot read a calendar: the node sends,
+// with the rule (lua/quota.lua), the first instants of three consecutive
+// periods around its own time, b0 < b1 < b2, chosen so that its time is in
+// the middle of [b0, b2); the script decides in the one of [b0, b1) and
+// [b1, b2) that holds Redis' time. A node whose clock is off by less than
+// half a period (12 hours for a day) therefore decides exactly as every
+// other node; one further off gets an error for the zone (its on_error
+// applies). The memory store reads the calendar at its own time.
+
+// quotaTags is how many period tags a quota state tells apart: consecutive
+// periods never share a tag (a day, a week or a month is never a whole
+// multiple of 1024 minutes), and a state outlives its period by nothing
+// (its key or entry expires at the period's end).
+const quotaTags = 1024
+
+// MaxQuota is the largest quota per period: counts times quotaTags stay
+// exact in the doubles of the Lua script.
+const MaxQuota = 1 << 40
+
+// Errors of the quota's rules.
+var (
+	// ErrQuotaLimit: the quota is above MaxQuota.
+	ErrQuotaLimit = errors.New("a quota must be at most 2^40 per period")
+	// ErrBadPeriod: a quota without a period of the calendar.
+	ErrBadPeriod = errors.New("a quota needs a period: day, week or month")
+)
+
+// quotaRule compiles a quota's rule: cfg.Rate per cfg.Period in
+// cfg.Location (UTC when nil).
+func quotaRule(cfg RuleConfig) (*Rule, error) {
+	switch {
+	case cfg.Rate <= 0:
+		return nil, ErrBadRate
+	case cfg.Rate > MaxQuota:
+		return nil, ErrQuotaLimit
+	case cfg.Period < Day || cfg.Period > Month:
+		return nil, ErrBadPeriod
+	case cfg.Burst != 0:
+		return nil, ErrBurstNotApplicable
+	}
+	loc := cfg.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	return &Rule{name: cfg.Name, bucket: bucketName(cfg.Name, Quota), alg: Quota, rate: cfg.Rate,
+		per: cfg.Period.nominal(), burst: cfg.Rate, exact: true, period: cfg.Period, loc: loc}, nil
+}
+
+// QuotaPeriod returns a quota's calendar period (0 for the other
+// algorithms).
+func (r *Rule) QuotaPeriod() Period { return r.period }
+
+// Location returns a quota's time zone (nil for the other algorithms).
+func (r *Rule) Location() *time.Location { return r.loc }
+
+// quotaWindow is what a quota rule sends Redis while the node's time is in
+// [from, until): the first instants b[0] < b[1] < b[2] (unix microseconds)
+// of three consecutive periods, with the node's time in the middle, and
+// the rule's script arguments with them.
+type quotaWindow struct {
+	from, until int64
+	b           [3]int64
+	args        []any
+}
+
+// quotaWindowAt returns the rule's window for microsecond now: the one kept
+// while now is in its range, else a new one (kept for the next calls).
+func (r *Rule) quotaWindowAt(now int64) *quotaWindow {
+	if w := r.cal.Load(); w != nil && now >= w.from && now < w.until {
+		return w
+	}
+	t := time.UnixMicro(now)
+	s, e := r.period.bounds(t, r.loc)
+	su, eu := s.UnixMicro(), e.UnixMicro()
+	mid := su + (eu-su)/2
+	w := &quotaWindow{}
+	if now < mid {
+		ps, _ := r.period.bounds(s.Add(-time.Nanosecond), r.loc)
+		w.b, w.from, w.until = [3]int64{ps.UnixMicro(), su, eu}, su, mid
+	} else {
+		_, ne := r.period.bounds(e, r.loc)
+		w.b, w.from, w.until = [3]int64{su, eu, ne.UnixMicro()}, mid, eu
+	}
+	// The script arguments: the rule's, with the window's instants as
+	// its first three parameters (scriptArgs' slice starts at RuleAlg).
+	w.args = append([]any(nil), r.scriptArgs()...)
+	w.args[lua.RuleP1-1], w.args[lua.RuleP2-1], w.args[lua.RuleP3-1] = w.b[0], w.b[1], w.b[2]
+	r.cal.Store(w)
+	return w
+}
+
+// periodAt returns the period that holds microsecond now: its first
+// instant and the next period's.
+func (r *Rule) periodAt(now int64) (start, end int64) {
+	w := r.quotaWindowAt(now)
+	if now < w.b[1] {
+		return w.b[0], w.b[1]
+	}
+	return w.b[1], w.b[2]
+}
+
+// PeriodAt returns the quota's period that holds t (see Period): its first
+// instant and the next period's.
+func (r *Rule) PeriodAt(t time.Time) (start, end time.Time) {
+	return r.period.bounds(t, r.loc)
+}
+
+// quotaTag returns the tag of the period that starts at microsecond start.
+func quotaTag(start int64) int64 {
+	m := start / 60_000_000
+	if start < 0 && start%60_000_000 != 0 {
+		m-- // floor, as Lua's division
+	}
+	return ((m % quotaTags) + quotaTags) % quotaTags
+}
+
+// quotaUsed returns the count that state s holds for the period starting at
+// microsecond start: 0 for another period's.
+func quotaUsed(s State, start int64) int64 {
+	if s <= 0 || int64(s)%quotaTags != quotaTag(start) {
+		return 0
+	}
+	return int64(s) / quotaTags
+}
+
+// quotaCheck evaluates a request of cost that must leave res of the quota
+// against state s at microsecond now.
+func (r *Rule) quotaCheck(s State, now, cost, res int64) verdict {
+	start, end := r.periodAt(now)
+	v := verdict{curr: quotaUsed(s, start), reset: end - now, periodUS: end - start}
+	if cost+res > r.rate {
+		v.never = true
+	} else {
+		v.ok = v.curr+cost+res <= r.rate
+	}
+	return v
+}
+
+// quotaCommit returns the state after charging cost, and its end: the
+// period's.
+func (r *Rule) quotaCommit(v verdict, now, cost int64) (State, int64) {
+	start := now + v.reset - v.periodUS
+	return State((v.curr+cost)*quotaTags + quotaTag(start)), now + v.reset
+}
+
+// quotaResult is a quota's result: Remaining what is left of the period's
+// quota, ResetAfter (and a denial's RetryAfter) the time until the period
+// ends, Period its length.
+func (r *Rule) quotaResult(v verdict, charged bool, cost int64) Result {
+	used := v.curr
+	if charged {
+		used += cost
+	}
+	res := Result{Allowed: charged || v.ok, Remaining: max(0, r.rate-used), ResetAfter: us(v.reset), Period: us(v.periodUS)}
+	switch {
+	case res.Allowed:
+	case v.never:
+		res.RetryAfter = Never
+	default:
+		res.RetryAfter = us(v.reset) // the next period starts empty
+	}
+	return res
+}
+
+// quotaRefund gives back cost charged at microsecond at, if the period that
+// counted it is still the current one.
+func (r *Rule) quotaRefund(e memEntry, now, cost, at int64) (State, int64, bool) {
+	start, end := r.periodAt(now)
+	used := quotaUsed(e.state, start)
+	if at < start || at >= end || used == 0 {
+		return e.state, e.expires, true
+	}
+	return State(max(0, used-cost)*quotaTags + quotaTag(start)), end, true
+}
+
+// quotaArgs returns a quota's arguments for the Redis scripts at this
+// node's microsecond now: the rule's, with the first instants of the three
+// periods around now as its first three parameters.
+func (r *Rule) quotaArgs(now int64) []any { return r.quotaWindowAt(now).args }

@@ -1,0 +1,48 @@
+-- quota.lua: at most limit per calendar period (a day, a week from Monday,
+-- a month, in the zone's time zone), the count starting afresh at each
+-- period's first instant. Redis cannot read a calendar, so the node sends
+-- the first instants of three consecutive periods around its own time, and
+-- the script decides in the one of [p1, p2) and [p2, p3) that holds Redis'
+-- TIME: every node decides on the same period however its clock is off,
+-- up to half a period (beyond, the zone gets an error and its on_error
+-- applies). The state is the period's count times 1024 plus a tag of the
+-- period (its first minute modulo 1024), and the key expires at the
+-- period's end. See limiter/quota.go.
+--
+-- Parameters: p1, p2, p3 the three periods' first instants (us), p4 the
+-- limit; aux the reserve (requests).
+-- Reports: flag, the period's count before the request, microseconds until
+-- the period ends, the period's length (us).
+
+--@helpers
+-- quota_at returns the period of [p1, p2) and [p2, p3) that holds now
+-- (nil when neither does): its first instant and the next's, its tag (its
+-- first minute modulo 1024), and the count the bucket holds for it.
+local function quota_at(ki, p1, p2, p3)
+  local s, e = p2, p3
+  if now < p2 then s, e = p1, p2 end
+  if now < s or now >= e then return nil end
+  local tag = floor(s / 60000000) % 1024
+  local v = tonumber(get(ki) or 0) or 0
+  if v % 1024 ~= tag then return s, e, tag, 0 end
+  return s, e, tag, floor(v / 1024)
+end
+
+--@check
+local s, e, _, used = quota_at(ki, p1, p2, p3)
+if not s then
+  error({err = "quota: this node's clock and Redis TIME are half a period or more apart"})
+end
+r1, r2, r3 = used, e - now, e - s
+if cost + auxn > p4 then flag = NEVER elseif r1 + cost + auxn <= p4 then flag = ADMIT else flag = DENY end
+
+--@commit
+-- The key expires at the period's end.
+put(ki, (r1 + cost) * 1024 + floor((now + r2 - r3) / 60000000) % 1024, ceil_div(r2, 1000))
+
+--@refund
+-- Only the period that counted the charge (aux: its time) gives it back.
+local s, e, tag, used = quota_at(ki, p1, p2, p3)
+if s and auxn >= s and auxn < e and used > 0 then
+  put(ki, max(0, used - cost) * 1024 + tag, ceil_div(e - now, 1000))
+end
