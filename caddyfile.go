@@ -464,7 +464,7 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt", "quota"}
 	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease", "prefetch"}
 )
 
@@ -533,6 +533,8 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		return z.unmarshalBan(d)
 	case "prefetch":
 		return z.unmarshalPrefetch(d)
+	case "quota":
+		return z.unmarshalQuota(d)
 	case "dry_run":
 		if d.NextArg() {
 			return d.ArgErr()

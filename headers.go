@@ -57,6 +57,9 @@ func policyOf(ds []zoneDecision) string {
 			b = append(b, ", "...)
 		}
 		b = append(b, ds[i].applied.policy...)
+		if ds[i].applied.calendar {
+			b = strconv.AppendInt(b, periodSeconds(&ds[i]), 10)
+		}
 	}
 	return string(b)
 }

@@ -236,6 +236,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // provisionZones provisions every zone (caddy-ratelimit's rate_limits
 // among them, once translated) and the handler's RateLimit-Policy field.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
+	h.expandQuotas()
 	policies := make([]string, 0, len(h.Zones))
 	for _, z := range h.Zones {
 		z.allDryRun = h.DryRun
@@ -243,7 +244,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
 		h.anyMatch = h.anyMatch || len(z.matchers) > 0
-		h.varyPolicy = h.varyPolicy || z.rules != nil || z.rule.DryRun()
+		h.varyPolicy = h.varyPolicy || z.rules != nil || z.rule.DryRun() || z.base.calendar
 		if !z.rule.DryRun() {
 			policies = append(policies, z.base.policy)
 		}

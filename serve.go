@@ -80,6 +80,17 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	ds := sc.decisions[:0]
 	ex := h.newExemption(r)
 	for _, z := range h.Zones {
+		if z.quotaOf != nil {
+			// A zone's quota: decided with its zone, on its key and cost.
+			if n := len(ds); n > 0 && ds[n-1].zone == z.quotaOf {
+				d, err := z.quotaDecision(&ds[n-1], repl)
+				if err != nil {
+					return false, caddyhttp.Error(http.StatusInternalServerError, err)
+				}
+				ds = append(ds, d)
+			}
+			continue
+		}
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {

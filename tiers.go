@@ -19,8 +19,11 @@ import (
 // field values that report it.
 type appliedRule struct {
 	rule     *limiter.Rule
-	policy   string // the zone's member of RateLimit-Policy
+	policy   string // the zone's member of RateLimit-Policy (a quota's: up to its w's value)
 	rateText string // X-RateLimit-Limit
+	// calendar: a quota, whose w is the length of the request's period
+	// (see appendPolicy).
+	calendar bool
 }
 
 // newApplied returns the rule of zone name with its field values:
@@ -29,7 +32,11 @@ type appliedRule struct {
 func newApplied(name string, rule *limiter.Rule) *appliedRule {
 	rate := strconv.FormatInt(rule.Rate(), 10)
 	policy := `"` + name + `";q=` + rate
-	if rule.Algorithm() != limiter.Concurrency {
+	switch rule.Algorithm() {
+	case limiter.Concurrency:
+	case limiter.Quota:
+		return &appliedRule{rule: rule, policy: policy + ";w=", rateText: rate, calendar: true}
+	default:
 		policy += ";w=" + strconv.FormatInt(rule.Window(), 10)
 	}
 	return &appliedRule{rule: rule, policy: policy, rateText: rate}
@@ -101,6 +108,9 @@ func (c *ruleCache) len() int {
 func (z *Zone) applied(repl *caddy.Replacer) (*appliedRule, error) {
 	if z.rules == nil {
 		return z.base, nil
+	}
+	if z.quotaOnly() {
+		return z.quotaApplied(repl)
 	}
 	rate, burst := z.Rate, z.Burst
 	var err error

@@ -105,7 +105,7 @@ func (h *Handler) validate() error {
 			return inSetting(at, fmt.Errorf("zone %q: %w", z.Name, err))
 		}
 	}
-	return nil
+	return h.validateQuotaNames()
 }
 
 // zoneSetting names the i-th zone as a setting, for settingError.
@@ -131,7 +131,7 @@ func (z *Zone) validatePolicies() error {
 		return inSetting("max_waiting", errors.New("max_waiting must not be negative"))
 	case z.MaxWaiting != 0 && alg != limiter.LeakyBucket:
 		return inSetting("max_waiting", errors.New("max_waiting applies to leaky_bucket only"))
-	case z.Rate == 0 && z.RatePlaceholder == "" && z.Events == 0 && z.Window == 0:
+	case z.Rate == 0 && z.RatePlaceholder == "" && z.Events == 0 && z.Window == 0 && !z.hasQuota():
 		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
 	case z.Rate != 0 && z.RatePlaceholder != "":
 		return inSetting("rate", errors.New("give rate as a number or as a placeholder, not both"))

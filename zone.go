@@ -177,6 +177,31 @@ type Zone struct {
 	// 128 (one bucket per address).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
+	// Quota is the most a key may spend per calendar period (QuotaPer, in
+	// QuotaTZ), counted in the zone's cost: `quota 10000 per month`. The
+	// count starts afresh at each period's first instant, on Redis' clock
+	// (the memory store: this node's). With a rate (a plan: a rate and a
+	// monthly quota), the quota is a second rule of the zone, decided in
+	// the same store call on the same key and cost and reported as the
+	// zone `<name>.quota` in the rate limit fields, placeholders and
+	// metrics; without one, the quota is the zone's only limit. At most
+	// 2^40. Default: none.
+	Quota int64 `json:"quota,omitempty"`
+
+	// QuotaPlaceholder takes each request's quota from a placeholder
+	// expression instead of Quota (tiers: `{vars.plan_quota}` from a
+	// `map` of the API key), with the rules of RatePlaceholder.
+	QuotaPlaceholder string `json:"quota_placeholder,omitempty"`
+
+	// QuotaPer is the quota's calendar period: `day`, `week` (from
+	// Monday) or `month`. Required with a quota.
+	QuotaPer string `json:"quota_per,omitempty"`
+
+	// QuotaTZ is the IANA time zone whose calendar the quota's periods
+	// follow, daylight saving included (`Europe/Berlin`: a day of 23 or
+	// 25 hours when the clocks change). Default: UTC.
+	QuotaTZ string `json:"quota_tz,omitempty"`
+
 	// Cost is how many tokens a request takes: an integer, or a
 	// placeholder expression that yields one (a request for which it is
 	// not a non-negative integer gets status 400). Default: 1.
@@ -234,6 +259,7 @@ type Zone struct {
 	errWaiting  error         // the wait room is full
 	room        *waitRoom     // leaky bucket: the requests waiting their turn
 	obs         *observe.Zone // placeholders and stats
+	quotaOf     *Zone         // the zone whose quota this zone is (quota.go); nil for a configured zone
 }
 
 // defaultKey is the key of a zone in fleetlimit's form (rate and per) that
@@ -249,8 +275,11 @@ var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // a mistake in one setting is a *settingError, and the caller adds the
 // zone's name.
 func (z *Zone) validate() error {
-	if !zoneNameRE.MatchString(z.Name) {
+	if !zoneNameRE.MatchString(z.configuredName()) {
 		return inSetting("name", errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'"))
+	}
+	if err := z.validateQuota(); err != nil {
+		return err
 	}
 	if err := z.validatePolicies(); err != nil {
 		return err
@@ -323,7 +352,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 		return err
 	}
 	z.rule, z.base, z.rules = rule, newApplied(z.Name, rule), nil
-	if z.RatePlaceholder != "" || z.BurstPlaceholder != "" {
+	if z.RatePlaceholder != "" || z.BurstPlaceholder != "" || (z.quotaOnly() && z.QuotaPlaceholder != "") {
 		z.rules = &ruleCache{m: make(map[[2]int64]*cachedRule), size: defaultRuleCacheSize, name: z.Name,
 			build: func(rate, burst int64) (*limiter.Rule, error) { return z.compileRule(rate, burst) }}
 	}
@@ -362,6 +391,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 
 // provisionKeys compiles the zone's validated key expressions.
 func (z *Zone) provisionKeys() {
+	if z.quotaOf != nil {
+		z.keys = z.quotaOf.keys // its zone's keys, provisioned before it
+		return
+	}
 	exprs := z.Key
 	if len(exprs) == 0 && !z.legacyForm() {
 		// caddy-ratelimit's form keeps no key: one shared bucket.

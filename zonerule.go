@@ -13,6 +13,9 @@ import (
 // caddy-ratelimit's form, window and events), its policies and its failure
 // policy.
 func (z *Zone) compileRule(rate, burst int64) (*limiter.Rule, error) {
+	if z.quotaOnly() {
+		return z.compileQuota(rate)
+	}
 	alg, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
 		return nil, err
@@ -62,6 +65,12 @@ func (z *Zone) compileRule(rate, burst int64) (*limiter.Rule, error) {
 // from placeholders (each request compiles its own; this one validates the
 // rest of the zone).
 func (z *Zone) standIn() (rate, burst int64) {
+	if z.quotaOnly() {
+		if z.QuotaPlaceholder != "" {
+			return 1, 0
+		}
+		return z.Quota, 0
+	}
 	rate, burst = z.Rate, z.Burst
 	if z.RatePlaceholder != "" {
 		rate = 1
