@@ -10,6 +10,7 @@ import "math/rand/v2"
 const (
 	streamMaxWaiting = 0xfea7_0001 + iota
 	streamExempt
+	streamQuota
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -21,6 +22,7 @@ func featureRand(seed uint64, stream uint64) *rand.Rand {
 func (s *Scenario) drawFeatures() {
 	s.drawMaxWaiting(featureRand(s.Seed, streamMaxWaiting))
 	s.drawExempt(featureRand(s.Seed, streamExempt)) // exempt.go
+	s.drawQuota(featureRand(s.Seed, streamQuota))   // quota.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

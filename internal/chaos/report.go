@@ -44,6 +44,8 @@ type Result struct {
 	Requests, Admitted int
 	// Buckets counts the buckets whose bound was checked.
 	Buckets int
+	// Quotas are the figures of the keys whose quota was checked.
+	Quotas []string
 	// Faults are the faults as injected.
 	Faults []string
 	// Violations are the invariants it broke.
@@ -78,6 +80,9 @@ func (r *Result) Print(w interface{ Write([]byte) (int, error) }, o Options) {
 	}
 	fmt.Fprintf(w, "seed %d: %s; %d requests, %d admitted, %d buckets, %s: %s\n",
 		s.Seed, s.Summary(), r.Requests, r.Admitted, r.Buckets, r.Took.Round(time.Second), verdict)
+	for _, q := range r.Quotas {
+		fmt.Fprintf(w, "  quota: %s\n", q)
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "  VIOLATION seed %d %s\n    repro: %s\n", s.Seed, v, Repro(s.Seed, o))
 		if o.Explain && v.Trace != "" {

@@ -91,6 +91,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.probeSlots(nodes, be, loadEnd)
 	obs.seen, obs.peaks = up.snapshot()
 	res.Buckets = c.checkBounds()
+	res.Quotas = c.checkQuotas()
 	c.checkInFlight()
 	c.checkBans()
 	c.checkIsolation()

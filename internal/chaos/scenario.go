@@ -83,6 +83,11 @@ type Zone struct {
 	OnError string
 	// MaxWaiting is a leaky bucket's max_waiting, 0 for the default.
 	MaxWaiting int64
+	// Quota, QuotaPer and QuotaTZ are the zone's `quota <n> per <period>
+	// tz <zone>`; Quota 0 is none (quota.go).
+	Quota    int64
+	QuotaPer string
+	QuotaTZ  string
 }
 
 // Target is one path of the site: the zones that apply to it.

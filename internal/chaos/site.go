@@ -80,6 +80,9 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 		if z.MaxWaiting > 0 {
 			line("max_waiting %d", z.MaxWaiting)
 		}
+		if q := z.quotaLine(); q != "" {
+			line("%s", q)
+		}
 	}
 	if z.Ban != nil {
 		line("ban %s after %d in %s", dur(z.Ban.Duration), z.Ban.After, dur(z.Ban.Window))

@@ -1,0 +1,85 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDrawQuota: about half the seeds give one zone a quota, never a
+// concurrency zone nor one of the victim's, and the site writes it.
+func TestDrawQuota(t *testing.T) {
+	t.Parallel()
+	with := 0
+	for seed := range uint64(40) {
+		s := Draw(seed, Options{})
+		for zi, z := range s.Zones {
+			if z.Quota == 0 {
+				continue
+			}
+			with++
+			if z.Algorithm == Concurrency || z.Quota < 20 || z.QuotaPer == "" || z.QuotaTZ == "" {
+				t.Errorf("seed %d: zone %s drew %+v", seed, z.Name, *z)
+			}
+			if s.VictimTarget >= 0 {
+				for _, vz := range s.Targets[s.VictimTarget].Zones {
+					if vz == zi {
+						t.Errorf("seed %d: the victim's zone %s has a quota", seed, z.Name)
+					}
+				}
+			}
+			if site := s.Site("", "127.0.0.1:1", 0); !strings.Contains(site, z.quotaLine()) {
+				t.Errorf("seed %d: the site has no %q", seed, z.quotaLine())
+			}
+		}
+	}
+	if with < 10 || with > 30 {
+		t.Errorf("%d of 40 seeds drew a quota, want about half", with)
+	}
+}
+
+// TestCheckQuotas: the checker finds a key admitted beyond its quota, by
+// the periods its requests touched and the named allowances.
+func TestCheckQuotas(t *testing.T) {
+	t.Parallel()
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	z := &Zone{Name: "z0", Algorithm: TokenBucket, Rate: 1000, Per: time.Second, Cost: 1, OnError: "local", Quota: 5, QuotaPer: "day", QuotaTZ: "Europe/Berlin"}
+	cl := &Client{Kind: KindSteady, Cost: 1}
+	run := func(start time.Time, n int, windows ...window) []Violation {
+		s := &Scenario{Topology: Single, Nodes: 3, Zones: []*Zone{z}, Targets: []*Target{{Path: "/t0", Zones: []int{0}}}}
+		o := &observed{seen: map[string]seenRequest{}, windows: windows}
+		for i := range n {
+			at := start.Add(time.Duration(i) * 100 * time.Millisecond)
+			q := &request{id: string(rune('a' + i)), client: cl, key: "k", cost: 1, sent: at, done: at, status: 200}
+			o.requests = append(o.requests, q)
+			o.seen[q.id] = seenRequest{at: at, status: 200}
+		}
+		c := &checker{s: s, o: o}
+		if figures := c.checkQuotas(); len(figures) != 1 {
+			t.Errorf("figures %q, want one key's", figures)
+		}
+		return c.out
+	}
+	noon := time.Date(2025, 3, 30, 12, 0, 0, 0, berlin)
+	if v := run(noon, 5); len(v) != 0 {
+		t.Errorf("5 of a quota of 5: %v", v)
+	}
+	if v := run(noon, 6); len(v) != 1 || v[0].Invariant != InvQuota {
+		t.Errorf("6 of a quota of 5: %v, want a quota violation", v)
+	}
+	// Across midnight in Berlin: two periods, 10.
+	if v := run(time.Date(2025, 3, 30, 23, 59, 59, 500e6, berlin), 10); len(v) != 0 {
+		t.Errorf("10 across midnight: %v", v)
+	}
+	// A Redis outage: each of the 3 nodes' local quota of ceil(5/3).
+	w := window{kind: FaultPause, start: noon, end: noon.Add(100 * time.Millisecond)}
+	if v := run(noon, 11, w); len(v) != 0 {
+		t.Errorf("11 with a fallback of 6: %v", v)
+	}
+	if v := run(noon, 12, w); len(v) != 1 {
+		t.Errorf("12 with a fallback of 6: %v, want a violation", v)
+	}
+	if n := periodsTouched(time.Date(2025, 1, 31, 12, 0, 0, 0, berlin), time.Date(2025, 3, 1, 0, 0, 0, 0, berlin), "month", berlin); n != 3 {
+		t.Errorf("31 January to 1 March touches %d months, want 3", n)
+	}
+}
