@@ -294,7 +294,9 @@ func (c *checker) checkRefunds() {
 		}
 		for _, zi := range c.s.Targets[q.target].Zones {
 			z := c.s.Zones[zi]
-			if z.Name != q.denier || len(z.CountStatus) == 0 || counted(z.CountStatus, q.client.Status) {
+			// A global zone is every client's: the others' counted
+			// responses spend it.
+			if z.Name != q.denier || len(z.CountStatus) == 0 || z.Global || counted(z.CountStatus, q.client.Status) {
 				continue
 			}
 			// The allowance named "refunds dropped in a fault": a refund
