@@ -25,11 +25,14 @@ const breakerClosedMsg = "!breaker-closed"
 
 // breakerClosed publishes, in the background, that this node's breaker
 // closed.
-func (b *redisBans) breakerClosed() {
+func (b *redisBans) breakerClosed() { b.publish(breakerClosedMsg) }
+
+// publish publishes msg on the ban channel, in the background.
+func (b *redisBans) publish(msg string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(b.ctx, time.Second)
 		defer cancel()
-		_ = b.s.client.Publish(ctx, b.s.banChannel(), breakerClosedMsg).Err()
+		_ = b.s.client.Publish(ctx, b.s.banChannel(), msg).Err()
 	}()
 }
 
@@ -39,6 +42,8 @@ func (b *redisBans) message(msg string) {
 	switch {
 	case msg == breakerClosedMsg:
 		b.s.breaker.Close()
+	case msg == chargingMsg:
+		b.s.chargingAnnounced() // chargesin.go
 	case strings.HasPrefix(msg, banStartPrefix):
 		b.started(msg)
 	default:

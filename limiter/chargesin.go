@@ -21,9 +21,13 @@ import (
 // the time), and keeps deciding the local zones' keys locally until the set
 // holds as many nodes as its local buckets divide by, or returnGraceMax
 // has passed. A node whose store failed with nothing to charge adds itself
-// too. A node that saw no failure at all (idle through the outage) never
-// does: the others then stay local for returnGraceMax, which the bound
-// allows (local buckets hold the fleet within it).
+// too, and so does every node that hears, on the ban channel, that another
+// node is charging (chargingMsg) while it has nothing to charge: a node
+// that saw no failure (a CLIENT KILL that missed it, an idle node) does not
+// hold the others. Only a node that cannot hear the channel (its
+// subscription broken by a Redis restart) holds the others, at most
+// returnGraceMax, which the bound allows (local buckets hold the fleet
+// within it).
 
 // returnGraceMax is the longest a node that finds Redis back keeps
 // deciding the local zones' keys on its local buckets, waiting for the
@@ -36,6 +40,10 @@ const returnGraceMax = 2 * time.Second
 // within it of the previous one finds the previous entries, and ends the
 // grace early.
 const chargedWindow = 2 * returnGraceMax
+
+// chargingMsg is the ban channel's message that a node is back from an
+// outage with charges to make.
+const chargingMsg = "!charging"
 
 // chargedPoll is how often a node in its grace counts the nodes whose
 // charges are in.
@@ -117,4 +125,46 @@ func (l *Limiter) nothingToCharge() {
 		return
 	}
 	go func() { _, _ = b.ChargesIn(context.Background()) }()
+}
+
+// owingStore is a store that knows whether any of its limiters has local
+// admissions to charge: the Redis store.
+type owingStore interface {
+	owe(delta int64)
+}
+
+// setPending records the ledger's length, and tells the store when the
+// limiter starts or stops owing charges. l.out.mu is held.
+func (l *Limiter) setPending(n int64) {
+	was := l.out.pending.Swap(n)
+	s, ok := l.store.(owingStore)
+	switch {
+	case !ok:
+	case was == 0 && n > 0:
+		s.owe(1)
+	case was > 0 && n == 0:
+		s.owe(-1)
+	}
+}
+
+// announceCharging tells the fleet, in the background, that this node is
+// back with charges to make, so that the nodes with none add themselves to
+// the set at once.
+func (l *Limiter) announceCharging() {
+	if s, ok := l.store.(*RedisStore); ok {
+		s.bans.publish(chargingMsg)
+	}
+}
+
+// owe counts the store's limiters that have local admissions to charge.
+func (s *RedisStore) owe(delta int64) { s.owing.Add(delta) }
+
+// chargingAnnounced is called when a node announces it is charging: this
+// node, if none of its limiters has anything to charge, adds itself to the
+// set of nodes whose charges are in.
+func (s *RedisStore) chargingAnnounced() {
+	if s.owing.Load() > 0 {
+		return
+	}
+	go func() { _, _ = s.ChargesIn(context.Background()) }()
 }

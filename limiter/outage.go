@@ -104,7 +104,7 @@ func (l *Limiter) seed(q *Request, local *Rule, n int64) *owed {
 	}
 	e := &owed{rule: q.Rule, local: local, n: n, key: q.Key}
 	o.entries[k] = e
-	o.pending.Store(int64(len(o.entries)))
+	l.setPending(int64(len(o.entries)))
 	var left int64 // microseconds until the shared bucket is full: 0 when never seen
 	if l.cache != nil && q.Rule.remembered() {
 		left, _ = l.cache.lastOwed(q.Rule, q.Key)
@@ -253,7 +253,7 @@ func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, cha
 		close(e.charging)
 		e.charging = nil
 	}
-	o.pending.Store(int64(len(o.entries)))
+	l.setPending(int64(len(o.entries)))
 	o.mu.Unlock()
 	return err
 }
@@ -323,6 +323,7 @@ func (l *Limiter) setStoreUp(up bool) {
 	switch {
 	case up && l.out.pending.Load() > 0:
 		l.out.graceUntil.Store(time.Now().Add(returnGraceMax).UnixNano())
+		l.announceCharging() // chargesin.go
 	case up:
 		l.nothingToCharge() // chargesin.go
 	}

@@ -326,3 +326,45 @@ func TestLateNodeHoldsTheGrace(t *testing.T) {
 		t.Fatalf("%d + %d admitted in %s: more than the refill (%d)", local, admitted, elapsed.Round(time.Millisecond), bound)
 	}
 }
+
+// TestIdleNodeDoesNotHoldTheGrace: of two nodes, one decides a key locally
+// while Redis is paused, the other decides nothing at all (it saw no
+// failure). When Redis resumes, the idle node hears that the first is
+// charging and adds itself to the set of nodes whose charges are in, so
+// that the first goes back to Redis without waiting returnGraceMax.
+func TestIdleNodeDoesNotHoldTheGrace(t *testing.T) {
+	srv := redistest.Start(t)
+	a, r := outageLimiter(t, srv)
+	_, _ = outageLimiter(t, srv) // the idle node: its store subscribes to the ban channel
+	drain(t, a, r, "k")
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	localAdmits(t, a, r, "k")
+	srv.Resume()
+	resumed = true
+	back := time.Now()
+	var onRedis time.Duration
+	for time.Since(back) < 5*time.Second {
+		out := a.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+		if out == Allowed || out == Denied {
+			onRedis = time.Since(back)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if onRedis == 0 {
+		t.Fatal("the node did not decide on Redis again within 5s")
+	}
+	rs := a.store.(*RedisStore)
+	n, err := rs.client.ZCard(context.Background(), rs.chargedKey()).Result()
+	t.Logf("back on Redis %s after it resumed; %d nodes in the set of charges in", onRedis.Round(time.Millisecond), n)
+	if err != nil || n != 2 {
+		t.Fatalf("the set of nodes whose charges are in holds %d (%v), want 2: the idle node did not add itself", n, err)
+	}
+}

@@ -352,7 +352,12 @@ func (l *Limiter) PrefetchStats() (hits, taken, returned uint64) {
 // Close gives back the spares this limiter holds and stops its
 // background work. Decisions must not be made after it.
 func (l *Limiter) Close() {
-	l.closeOnce.Do(func() { close(l.stopFleet) })
+	l.closeOnce.Do(func() {
+		close(l.stopFleet)
+		l.out.mu.Lock()
+		l.setPending(0) // chargesin.go: a limiter gone owes the fleet nothing
+		l.out.mu.Unlock()
+	})
 	l.sparesMu.Lock()
 	sp := l.spares.Swap(nil)
 	l.closed = true

@@ -181,6 +181,9 @@ type RedisStore struct {
 	probe idleProbe
 	// id tells this node's entries in Redis from the others' (chargesin.go).
 	id string
+	// owing counts the limiters on this store that have local admissions
+	// to charge (chargesin.go).
+	owing atomic.Int64
 
 	queue  chan *call
 	stop   chan struct{}

@@ -144,7 +144,7 @@ func (c *checker) checkBounds() int {
 			}
 		}
 		if tokens > math.Floor(bound+allow+1e-9) {
-			c.fail(InvBound, "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
+			c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
 				z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests), int(failOpen))
 		}
 	}
