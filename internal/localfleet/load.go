@@ -28,8 +28,13 @@ type Bucket struct {
 	// Burst is the most tokens the bucket holds, and what it starts with.
 	Burst int64
 	// Saturated means demand exceeds supply throughout the run, so the
-	// fleet must admit at least 98% of the bound (no over-denial).
+	// fleet must admit at least Floor of what it could reach (no
+	// over-denial).
 	Saturated bool
+	// Floor is the share of what a saturated bucket could reach that it
+	// must admit; 0 means 0.98. A run that stalls decisions on purpose
+	// (a slot migrating) sets a lower one.
+	Floor float64
 }
 
 // Target is one kind of request the load sends: a path and headers, its
@@ -429,8 +434,8 @@ func send(cl *http.Client, url string, headers []string) (int, bool, string, err
 }
 
 // Check returns a description of every bucket whose admitted total breaks
-// its exact bound: above it at all, or, for a saturated bucket, below 98%
-// of what it could reach (see BucketStats.Reachable: a request cannot be
+// its exact bound: above it at all, or, for a saturated bucket, below its
+// Floor (98%) of what it could reach (see BucketStats.Reachable: a request cannot be
 // admitted in part, and decisions at the window's edges are in flight).
 func (r *Report) Check() []string {
 	var bad []string
@@ -440,8 +445,12 @@ func (r *Report) Check() []string {
 		if float64(bs.Tokens) > math.Floor(bs.Bound+1e-9) {
 			bad = append(bad, fmt.Sprintf("%s/%s admitted %d tokens, above the bound %.2f", bs.Bucket.Zone, bs.Bucket.Key, bs.Tokens, bs.Bound))
 		}
-		if bs.Bucket.Saturated && float64(bs.Tokens) < 0.98*bs.Reachable {
-			bad = append(bad, fmt.Sprintf("%s/%s admitted %d tokens, below 98%% of the %.0f it could reach (bound %.2f)", bs.Bucket.Zone, bs.Bucket.Key, bs.Tokens, bs.Reachable, bs.Bound))
+		floor := bs.Bucket.Floor
+		if floor == 0 {
+			floor = 0.98
+		}
+		if bs.Bucket.Saturated && float64(bs.Tokens) < floor*bs.Reachable {
+			bad = append(bad, fmt.Sprintf("%s/%s admitted %d tokens, below %.0f%% of the %.0f it could reach (bound %.2f)", bs.Bucket.Zone, bs.Bucket.Key, bs.Tokens, 100*floor, bs.Reachable, bs.Bound))
 		}
 	}
 	for t, s := range r.Targets {
