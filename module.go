@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -167,12 +168,15 @@ type Handler struct {
 	jitterShare float64
 	headers     headerMode
 	limiter     *limiter.Limiter
-	poolKey     string
-	localKey    string       // the memory store of local fallback buckets, if any
-	memory      *memoryStore // the pooled memory store, when this handler uses it (its settings)
-	logger      *zap.Logger
-	digest      limiter.Digester // client keys' digests in logs, stats and events
-	anyMatch    bool             // some zone has matchers
+	// live is limiter once provisioned, for the stats that other
+	// goroutines read (the admin API may read them while it provisions).
+	live     *atomic.Pointer[limiter.Limiter]
+	poolKey  string
+	localKey string       // the memory store of local fallback buckets, if any
+	memory   *memoryStore // the pooled memory store, when this handler uses it (its settings)
+	logger   *zap.Logger
+	digest   limiter.Digester // client keys' digests in logs, stats and events
+	anyMatch bool             // some zone has matchers
 	// policy is the RateLimit-Policy of a request that every zone applies
 	// to, unless varyPolicy: some zone's rule comes from placeholders or
 	// is a dry run.
@@ -230,6 +234,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	opt.Observer = h.obs.Observer()
 	opt.FleetSize = h.obs.FleetSize
 	h.limiter = limiter.New(store, opt)
+	h.live.Store(h.limiter)
 	return nil
 }
 
@@ -282,8 +287,18 @@ func (h *Handler) limiterOptions() (limiter.Options, error) {
 func (h *Handler) provisionObservability(ctx caddy.Context, store, local limiter.Store) error {
 	rules := make([]*limiter.Rule, len(h.Zones))
 	zones := make([]observe.ZoneConfig, len(h.Zones))
+	live := new(atomic.Pointer[limiter.Limiter])
+	h.live = live
 	for i, z := range h.Zones {
 		rules[i], zones[i] = z.rule, z.observeConfig()
+		if n, _ := z.rule.Prefetch(); n > 0 {
+			zones[i].Prefetch = func() limiter.PrefetchStats {
+				if l := live.Load(); l != nil {
+					return l.PrefetchStats(z.rule)
+				}
+				return limiter.PrefetchStats{}
+			}
+		}
 	}
 	obs, err := observe.New(ctx, observe.Config{
 		Rules:          rules,

@@ -272,6 +272,9 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 	if sp := l.spares.Load(); sp != nil {
 		return l.decideWithSpares(ctx, sp, reqs, results) // prefetch.go
 	}
+	if sp := l.startSpares(reqs); sp != nil {
+		return l.decideWithSpares(ctx, sp, reqs, results)
+	}
 	out := l.decideCached(ctx, reqs, results)
 	if out == Allowed {
 		l.keepSpares(reqs, results)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -32,14 +31,22 @@ import (
 // Pacing: a decision that could not take all the spares it wanted (the
 // bucket was low, or empty) makes the node leave the key's bucket alone
 // for a short pause — the time the zone's rate takes to refill the spares
-// it missed, at most half the hold — while it admits from the spares it
+// it missed for every node of the fleet view (pauseAfter), so that between
+// a node's calls the refill covers its share; never longer than the bucket
+// takes to fill up, nor half the hold — while it admits from the spares it
 // got and then denies (Retry-After: the pause's rest) the requests of the
 // classes that are low: those whose decision would not get all its spares
 // either, by what the zone held at that decision (less the spares used
 // since), their cost and their reserve. So a class shed for its reserve
 // (analytics, 30%) paces itself only: a class the bucket still covers with
 // room for its spares (the critical one, reserve 0) is decided by the
-// store, and gets them.
+// store, and gets them. At saturation a call then takes about half the
+// spares it wants: the refill of a pause, N × missed, equals what the N
+// nodes' calls take, N × (spares + cost).
+//
+// While a node asks the store about a key, its other requests of the key
+// wait for that answer (prefetchflight.go), and spares of decisions that
+// were in flight together join (keep).
 //
 // Reserve: a request is admitted from spares only if the zone, its bucket
 // and this node's unused spares as last seen, keeps the request's reserve
@@ -130,67 +137,105 @@ type spare struct {
 // spares holds a limiter's prefetched tokens and gives back the unused
 // ones.
 type spares struct {
-	mu   sync.Mutex
-	m    map[spareKey]*spare
-	hits atomic.Uint64 // requests admitted from spares
-	// paced counts requests denied on this node while their key was
-	// paced.
-	paced atomic.Uint64
-	// taken counts the spare tokens taken, returned those given back.
-	taken, returned atomic.Uint64
-	stop            chan struct{}
-	done            chan struct{}
+	mu sync.Mutex
+	m  map[spareKey]*spare
+	// stats are each prefetching zone's counts (prefetchstats.go).
+	stats map[*Rule]*prefetchCounts
+	// flights are the keys this node is asking the store about for a
+	// prefetching zone (prefetchflight.go).
+	flights map[spareKey]chan struct{}
+	// fleet tells how many nodes share the limits lately (Options.
+	// FleetSize); nil: one.
+	fleet func() int64
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 // newSpares returns an empty holder whose sweeper gives back expired
 // spares through l every tick.
 func newSpares(l *Limiter, tick time.Duration) *spares {
-	s := &spares{m: make(map[spareKey]*spare), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &spares{m: make(map[spareKey]*spare), stats: make(map[*Rule]*prefetchCounts),
+		flights: make(map[spareKey]chan struct{}), fleet: l.fleet, stop: make(chan struct{}), done: make(chan struct{})}
 	go s.sweeper(l, tick)
 	return s
+}
+
+// nodes is how many nodes share the limits lately, at least one (and at
+// most maxFleetDivisor).
+func (s *spares) nodes() int64 {
+	if s.fleet == nil {
+		return 1
+	}
+	return min(max(1, s.fleet()), maxFleetDivisor)
 }
 
 // take admits, from the node's spares, the zones of reqs whose rule
 // prefetches and whose spares cover the cost: it marks them in local and
 // fills their results. It reports how many it covered, or that a zone
 // whose key is paced denies the request (its result says until when; the
-// others are Unknown, and nothing was taken).
-func (s *spares) take(reqs []Request, results []Result, local []bool, now time.Time) (covered int, paced bool) {
+// others are Unknown, and nothing was taken), or that a store call of this
+// node is in flight for a key the spares do not cover (wait closes when it
+// lands; nothing was taken). Otherwise the keys the spares do not cover
+// are claimed in f until f lands (see flights).
+func (s *spares) take(reqs []Request, results []Result, local []bool, now time.Time, f *spareFlight) (covered int, paced bool, wait <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	f.n, f.more = 0, f.more[:0]
 	for i := range reqs {
 		q := &reqs[i]
 		if q.Rule.prefetch == 0 || q.Cost <= 0 {
 			continue
 		}
-		sp := s.m[spareKey{q.Rule.bucket, q.Key}]
-		if sp == nil || sp.rule != q.Rule {
-			continue
-		}
-		// The zone (its bucket and the spares) must keep the request's
-		// reserve, as the store would have it. A request the spares do
-		// not cover goes to the store, unless the key is paced and its
-		// class is low: what the zone held lately, less the request's
-		// cost and reserve, would not give a decision all its spares.
-		left := sp.remaining - q.Cost - q.Rule.reserveTokens(q.Reserve)
-		if sp.n < q.Cost || !now.Before(sp.deadline) || left < 0 {
+		k := spareKey{q.Rule.bucket, q.Key}
+		sp := s.m[k]
+		if sp != nil && sp.rule == q.Rule {
+			// The zone (its bucket and the spares) must keep the
+			// request's reserve, as the store would have it. A request
+			// the spares do not cover goes to the store, unless the key
+			// is paced and its class is low: what the zone held lately,
+			// less the request's cost and reserve, would not give a
+			// decision all its spares.
+			left := sp.remaining - q.Cost - q.Rule.reserveTokens(q.Reserve)
+			if sp.n >= q.Cost && now.Before(sp.deadline) && left >= 0 {
+				sp.n -= q.Cost
+				sp.remaining -= q.Cost
+				local[i] = true
+				results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at}
+				covered++
+				continue
+			}
 			if now.Before(sp.pause) && left < 4*(q.Rule.prefetch-q.Cost) {
 				s.undo(reqs, local)
 				for j := range results {
 					results[j] = Result{Allowed: true, Unknown: true}
 				}
 				results[i] = Result{RetryAfter: sp.pause.Sub(now), ResetAfter: sp.reset}
-				return 0, true
+				s.counts(q.Rule).paced.Add(1)
+				return 0, true, nil
 			}
-			continue
 		}
-		sp.n -= q.Cost
-		sp.remaining -= q.Cost
-		local[i] = true
-		results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at}
-		covered++
+		if ch := s.flights[k]; ch != nil {
+			s.undo(reqs, local)
+			return 0, false, ch
+		}
+		f.add(k)
 	}
-	return covered, false
+	for _, k := range f.keys[:f.n] {
+		s.flights[k] = make(chan struct{})
+	}
+	return covered, false, nil
+}
+
+// countHits counts a hit for each zone of an admitted request that its
+// spares covered.
+func (s *spares) countHits(reqs []Request, local []bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range reqs {
+		if local[i] {
+			s.counts(reqs[i].Rule).hits.Add(1)
+		}
+	}
 }
 
 // putBack returns to the spares what take took for zones that another zone
@@ -223,14 +268,19 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 	for i := range reqs {
 		q, res := &reqs[i], &results[i]
 		r := q.Rule
-		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 || (denied && res.Allowed) {
+		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 {
 			continue
 		}
-		missed := r.prefetch - q.Cost - res.spares
-		if missed <= 0 {
+		c := s.countsOf(r)
+		c.decisions.Add(1)
+		if denied && res.Allowed {
 			continue
 		}
-		pause := min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(missed)/float64(r.rate)))
+		if res.spares >= r.prefetch-q.Cost {
+			continue
+		}
+		c.short.Add(1)
+		pause := r.pauseAfter(q, res, s.nodes())
 		if pause <= 0 {
 			continue
 		}
@@ -254,6 +304,22 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 	}
 }
 
+// pauseAfter is how long a node leaves a key alone after a store decision
+// that took fewer spares than it wanted (see Pacing): the time the zone's
+// rate takes to refill the spares it missed for every node of the fleet
+// (nodes), so that between this node's calls the refill covers its share;
+// never longer than the bucket takes to fill up from what the decision
+// left (no token is lost to a full bucket while the nodes wait), nor half
+// the hold.
+func (r *Rule) pauseAfter(q *Request, res *Result, nodes int64) time.Duration {
+	missed := r.prefetch - q.Cost - res.spares
+	need := min(nodes*missed, r.burst-(res.Remaining-res.spares))
+	if missed <= 0 || need <= 0 {
+		return 0
+	}
+	return min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(need)/float64(r.rate)))
+}
+
 // keep records the spares a decision took, at now. A key's older spares,
 // if any are left, go back in the returned list (to be refunded).
 func (s *spares) keep(reqs []Request, results []Result, now time.Time) (back []*spare) {
@@ -269,11 +335,18 @@ func (s *spares) keep(reqs []Request, results []Result, now time.Time) (back []*
 		}
 		sp := &spare{rule: r, key: reqs[i].Key, n: res.spares, remaining: res.Remaining,
 			reset: res.ResetAfter, at: res.at, deadline: now.Add(hold)}
-		s.taken.Add(uint64(res.spares))
 		k := spareKey{r.bucket, reqs[i].Key}
 		s.mu.Lock()
+		s.counts(r).taken.Add(uint64(res.spares))
 		if old := s.m[k]; old != nil {
-			if old.n > 0 {
+			switch {
+			case old.n <= 0:
+			case old.rule == r && (r.alg != FixedWindow || old.at/r.windowUS == res.at/r.windowUS):
+				// Spares of a decision that was in flight with this one
+				// join them, and go back with them.
+				sp.n += old.n
+				sp.remaining += old.n
+			default:
 				back = append(back, old)
 			}
 			sp.pause = old.pause
@@ -312,7 +385,9 @@ func (l *Limiter) giveBack(list []*spare) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		if err := l.store.Refund(ctx, req, res); err == nil {
 			if h := l.spares.Load(); h != nil {
-				h.returned.Add(uint64(sp.n))
+				c := h.countsOf(sp.rule)
+				c.returned.Add(uint64(sp.n))
+				c.refunds.Add(1)
 			}
 		}
 		cancel()
@@ -336,17 +411,6 @@ func (s *spares) sweeper(l *Limiter, tick time.Duration) {
 			}
 		}
 	}
-}
-
-// PrefetchStats reports the limiter's prefetch: requests admitted from
-// spares without the store, spare tokens taken, and spare tokens given
-// back unused.
-func (l *Limiter) PrefetchStats() (hits, taken, returned uint64) {
-	sp := l.spares.Load()
-	if sp == nil {
-		return 0, 0, 0
-	}
-	return sp.hits.Load(), sp.taken.Load(), sp.returned.Load()
 }
 
 // Close gives back the spares this limiter holds and stops its
@@ -396,6 +460,31 @@ func (l *Limiter) keepSpares(reqs []Request, results []Result) {
 	}
 }
 
+// startSpares starts the holder of spares for a request with a
+// prefetching zone, so that its first decisions already share their store
+// calls (prefetchflight.go); nil for a request without one, or after
+// Close.
+func (l *Limiter) startSpares(reqs []Request) *spares {
+	any := false
+	for i := range reqs {
+		any = any || reqs[i].Rule.prefetch > 0
+	}
+	if !any {
+		return nil
+	}
+	l.sparesMu.Lock()
+	defer l.sparesMu.Unlock()
+	if l.closed {
+		return nil
+	}
+	sp := l.spares.Load()
+	if sp == nil {
+		sp = newSpares(l, prefetchTick)
+		l.spares.Store(sp)
+	}
+	return sp
+}
+
 // takenSpares lists the spares a decision took, to give them back.
 func takenSpares(reqs []Request, results []Result) []*spare {
 	var list []*spare
@@ -427,12 +516,28 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 	} else {
 		local = localBuf[:len(reqs)]
 	}
-	now := time.Now()
-	covered, paced := sp.take(reqs, results, local, now)
-	if paced {
-		sp.paced.Add(1)
-		return Denied
+	var f spareFlight
+	var now time.Time
+	for {
+		now = time.Now()
+		covered, paced, wait := sp.take(reqs, results, local, now, &f)
+		if paced {
+			return Denied
+		}
+		if wait == nil {
+			defer sp.land(&f)
+			return l.decideUncovered(ctx, sp, reqs, results, local, covered, now)
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return Canceled
+		}
 	}
+}
+
+// decideUncovered is decideWithSpares once take covered what it could.
+func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time) Outcome {
 	switch covered {
 	case 0:
 		out := l.decideCached(ctx, reqs, results)
@@ -444,7 +549,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 		}
 		return out
 	case len(reqs):
-		sp.hits.Add(1)
+		sp.countHits(reqs, local)
 		return Allowed
 	}
 	subReqs := make([]Request, 0, len(reqs)-covered)
@@ -464,7 +569,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 	}
 	switch out {
 	case Allowed:
-		sp.hits.Add(1)
+		sp.countHits(reqs, local)
 		l.keepTaken(sp, subReqs, subRes)
 	case LocalAllowed, FailedOpen:
 		// The request passes: the spares it used are spent.

@@ -69,7 +69,7 @@ func TestPrefetchPacingSparesCoveredClasses(t *testing.T) {
 	for range 20 {
 		l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res)
 	}
-	if _, paced := l.spares.Load().take([]Request{{Rule: pf, Key: "k", Cost: 1}}, make([]Result, 1), make([]bool, 1), time.Now()); !paced {
+	if _, paced, _ := l.spares.Load().take([]Request{{Rule: pf, Key: "k", Cost: 1}}, make([]Result, 1), make([]bool, 1), time.Now(), &spareFlight{}); !paced {
 		t.Fatal("an empty bucket does not pace the key")
 	}
 }
@@ -124,7 +124,7 @@ func TestPrefetchSpareRefundedInItsWindow(t *testing.T) {
 				t.Fatalf("the first decision took no spares: %+v", first[0])
 			}
 			fromSpares := admit()
-			if hits, _, _ := l.PrefetchStats(); hits != 1 {
+			if hits := l.PrefetchStats(fw).Hits; hits != 1 {
 				t.Fatalf("%d requests admitted from spares, want 1", hits)
 			}
 			if err := l.Refund(context.Background(), Allowed, []Request{{Rule: fw, Key: "k", Cost: 1}}, fromSpares); err != nil {

@@ -2,15 +2,10 @@ package limiter
 
 import (
 	"context"
-	"fmt"
-	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
 // TestPrefetchSparesRule: a decision takes min(prefetch − cost, ⌊left/4⌋)
@@ -73,11 +68,13 @@ func TestPrefetchAdmitsFromSpares(t *testing.T) {
 	if out := l.Decide(context.Background(), two, res2); out != Allowed {
 		t.Fatalf("composed: %v %+v", out, res2)
 	}
-	hits, taken, _ := l.PrefetchStats()
+	st := l.PrefetchStats(pf)
+	hits, taken := st.Hits, st.Taken
 	if out := l.Decide(context.Background(), two, res2); out != Denied || !res2[0].Unknown || res2[1].Allowed {
 		t.Fatalf("composed, strict empty: %v %+v, want denied by strict, pf unknown", out, res2)
 	}
-	h2, t2, _ := l.PrefetchStats()
+	st2 := l.PrefetchStats(pf)
+	h2, t2 := st2.Hits, st2.Taken
 	if h2 != hits || t2 != taken {
 		t.Fatalf("a denied request changed the prefetch stats: hits %d→%d, taken %d→%d", hits, h2, taken, t2)
 	}
@@ -124,124 +121,61 @@ func TestPrefetchSparesExpire(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, _, returned := l.PrefetchStats(); returned != 19 {
+	if returned := l.PrefetchStats(pf).Returned; returned != 19 {
 		t.Fatalf("%d spares returned, want 19", returned)
 	}
 }
 
-// evalshaCalls reads how many EVALSHA calls a Redis server ran.
-func evalshaCalls(t *testing.T, srv *redistest.Server) int64 {
-	t.Helper()
-	m := regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`).FindStringSubmatch(srv.MustDo("INFO", "commandstats"))
-	if m == nil {
-		return 0
+// TestPrefetchPause: a decision that took fewer spares than it wanted
+// pauses its node for the time the rate takes to refill what it missed for
+// every node of the fleet, never longer than the bucket takes to fill up,
+// nor half the hold.
+func TestPrefetchPause(t *testing.T) {
+	r := mustConfig(t, RuleConfig{Name: "pf", Rate: 2000, Per: time.Second, Burst: 200, Prefetch: 20})
+	q := &Request{Rule: r, Key: "k", Cost: 1}
+	for _, c := range []struct {
+		spares, remaining, nodes int64
+		want                     time.Duration
+	}{
+		{spares: 19, remaining: 100, nodes: 3, want: 0},                   // all it wanted
+		{spares: 9, remaining: 50, nodes: 1, want: 5 * time.Millisecond},  // 10 missed
+		{spares: 9, remaining: 50, nodes: 3, want: 15 * time.Millisecond}, // 10 missed, for each of 3
+		{spares: 0, remaining: 0, nodes: 3, want: 28500 * time.Microsecond},
+		{spares: 0, remaining: 0, nodes: 10, want: 50 * time.Millisecond}, // half the hold
+		{spares: 0, remaining: 190, nodes: 3, want: 5 * time.Millisecond}, // the bucket is full in 5ms
+		{spares: 2, remaining: 200 + 2, nodes: 3, want: 0},                // full already
+	} {
+		res := &Result{Allowed: true, spares: c.spares, Remaining: c.remaining}
+		if got := r.pauseAfter(q, res, c.nodes); got != c.want {
+			t.Errorf("%d spares, %d remaining, %d nodes: pause %s, want %s", c.spares, c.remaining, c.nodes, got, c.want)
+		}
 	}
-	n, _ := strconv.ParseInt(m[1], 10, 64)
-	return n
 }
 
-// prefetchNode is one simulated node: its own store (connections) and
-// limiter, and what it admitted.
-type prefetchNode struct {
-	store    *RedisStore
-	lim      *Limiter
-	admitted atomic.Int64
-}
-
-// TestPrefetchFleetExact: three nodes with their own Redis connections,
-// one global zone of 20,000/s with burst 2,000 and prefetch 100, under 60
-// concurrent clients. Admitted stays within the exact bound (burst + rate ×
-// elapsed) and close to it, with few script calls per admitted request;
-// then one node is killed while it holds spares (its limiter never gives
-// them back), and the fleet loses at most those spares.
-func TestPrefetchFleetExact(t *testing.T) {
-	srv := redistest.Start(t)
-	rule := mustConfig(t, RuleConfig{Name: "global", Rate: 20000, Per: time.Second, Burst: 2000, Prefetch: 100})
-	nodes := make([]*prefetchNode, 3)
-	for i := range nodes {
-		s := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "pf:"})
-		nodes[i] = &prefetchNode{store: s, lim: New(s, Options{Cache: NewDenyCache(DenyCacheOptions{})})}
+// TestPrefetchOneCallInFlight: requests of one key that a node's spares do
+// not cover while the node asks the store about the key wait for that
+// answer and take its spares, instead of asking the store each.
+func TestPrefetchOneCallInFlight(t *testing.T) {
+	ms := newMemory(t, newTestClock(epoch))
+	cs := &countingStore{Store: ms, delay: 50 * time.Millisecond}
+	l := New(cs, Options{})
+	defer l.Close()
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 1, Per: time.Hour, Burst: 1000, Prefetch: 20, PrefetchHold: time.Minute})
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for range 15 {
+		wg.Go(func() {
+			res := make([]Result, 1)
+			if l.Decide(context.Background(), []Request{{Rule: pf, Key: "k", Cost: 1}}, res) == Allowed {
+				admitted.Add(1)
+			}
+		})
 	}
-	key := "all"
-	run := func(live []*prefetchNode, d time.Duration) (admitted int64, elapsed time.Duration) {
-		var before int64
-		for _, n := range live {
-			before += n.admitted.Load()
-		}
-		start := time.Now()
-		stop := start.Add(d)
-		var wg sync.WaitGroup
-		for c := range 60 {
-			n := live[c%len(live)]
-			wg.Go(func() {
-				reqs := []Request{{Rule: rule, Key: key, Cost: 1}}
-				res := make([]Result, 1)
-				for time.Now().Before(stop) {
-					if n.lim.Decide(context.Background(), reqs, res) == Allowed {
-						n.admitted.Add(1)
-					}
-				}
-			})
-		}
-		wg.Wait()
-		elapsed = time.Since(start)
-		for _, n := range live {
-			admitted += n.admitted.Load()
-		}
-		return admitted - before, elapsed
+	wg.Wait()
+	if admitted.Load() != 15 || cs.calls.Load() != 1 {
+		t.Fatalf("15 concurrent requests: %d admitted with %d store calls, want 15 with 1 (19 spares)", admitted.Load(), cs.calls.Load())
 	}
-	// The exact bound holds in every run. How close to it the fleet gets
-	// depends on the clients keeping up with 20,000/s on a shared
-	// machine: a run that falls short is measured again (a fresh key),
-	// three times at most.
-	var ratio, perAdmitted float64
-	for attempt := range 3 {
-		key = fmt.Sprint("all-", attempt)
-		calls0 := evalshaCalls(t, srv)
-		admitted, elapsed := run(nodes, 2*time.Second)
-		calls := evalshaCalls(t, srv) - calls0
-		bound := 2000 + 20000*elapsed.Seconds()
-		ratio, perAdmitted = float64(admitted)/bound, float64(calls)/float64(admitted)
-		t.Logf("3 nodes, 60 clients, %.2fs: admitted %d of the bound %.0f (%.3f), %d script calls (%.4f per admitted)",
-			elapsed.Seconds(), admitted, bound, ratio, calls, perAdmitted)
-		if float64(admitted) > bound {
-			t.Fatalf("admitted %d over the exact bound %.0f", admitted, bound)
-		}
-		if ratio >= 0.97 && perAdmitted <= 0.05 {
-			break
-		}
-	}
-	if ratio < 0.97 {
-		t.Errorf("admitted %.3f of the bound, want at least 0.97", ratio)
-	}
-	if perAdmitted > 0.05 {
-		t.Errorf("%.4f script calls per admitted request, want at most 0.05 with prefetch 100", perAdmitted)
-	}
-
-	// Kill node 0 while it holds spares: from now on it decides nothing
-	// and never gives them back. The bucket is empty (saturated), so the
-	// spares it held are simply lost to the fleet, at most 100 tokens.
-	sp := nodes[0].lim.spares.Load()
-	held := int64(0)
-	if sp != nil {
-		sp.mu.Lock()
-		for _, s := range sp.m {
-			held += s.n
-		}
-		close(sp.stop) // the sweeper would give them back: the node is dead
-		sp.mu.Unlock()
-	}
-	admitted2, elapsed2 := run(nodes[1:], 2*time.Second)
-	// Tokens available to the survivors: the refill over the run, plus
-	// whatever the bucket held at the kill; the dead node's spares are
-	// the only loss allowed.
-	bound2 := 2000 + 20000*elapsed2.Seconds()
-	t.Logf("after killing a node holding %d spares: the two others admitted %d in %.2fs (refill %.0f, bound %.0f)",
-		held, admitted2, elapsed2.Seconds(), 20000*elapsed2.Seconds(), bound2)
-	if float64(admitted2) > bound2 {
-		t.Fatalf("the survivors admitted %d over the bound %.0f", admitted2, bound2)
-	}
-	if lost := 20000*elapsed2.Seconds() - float64(admitted2); lost > 0.03*20000*elapsed2.Seconds()+100 {
-		t.Errorf("the survivors admitted %d of the %.0f refilled: lost %.0f, more than the dead node's spares (at most 100) and 3%%", admitted2, 20000*elapsed2.Seconds(), lost)
+	if st := l.PrefetchStats(pf); st.Hits != 14 || st.Decisions != 1 || st.Taken != 19 {
+		t.Fatalf("prefetch stats %+v, want 14 hits of 1 decision taking 19", st)
 	}
 }

@@ -113,9 +113,14 @@ type statsZone struct {
 	RefundsDropped uint64 `json:"refunds_dropped"`
 	// Queue is, for a leaky bucket, its requests waiting for their turn
 	// on this node; absent for the other algorithms.
-	Queue     *statsQueue  `json:"queue,omitempty"`
-	Rates     statsWindows `json:"rates"`
-	TopDenied statsTop     `json:"top_denied"`
+	Queue *statsQueue `json:"queue,omitempty"`
+	// Prefetch is, for a zone with prefetch, what this node's prefetch
+	// did for it since the configuration loaded: requests admitted from
+	// spares or paced without the store, store decisions, spares taken
+	// and given back.
+	Prefetch  *limiter.PrefetchStats `json:"prefetch,omitempty"`
+	Rates     statsWindows           `json:"rates"`
+	TopDenied statsTop               `json:"top_denied"`
 	// TopNetworks are the client networks denied most.
 	TopNetworks statsTopNetworks `json:"top_networks"`
 	Series      *statsSeries     `json:"series,omitempty"`
@@ -394,6 +399,10 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	}
 	if info != nil {
 		zj.Algorithm, zj.Rate, zj.Per, zj.Burst, zj.OnError = info.alg, info.rate, info.per.String(), info.burst, info.onError
+		if info.prefetch != nil {
+			ps := info.prefetch()
+			zj.Prefetch = &ps
+		}
 		if info.queue != nil {
 			waiting, away := info.queue()
 			zj.Queue = &statsQueue{MaxDelay: info.maxDelay.String(), MaxWaiting: info.maxWait, Waiting: waiting, TurnedAway: away}

@@ -82,6 +82,9 @@ type ZoneConfig struct {
 	// that many.
 	MaxWaiting int64
 	Queue      func() (waiting int64, turnedAway uint64)
+	// Prefetch tells, for a zone with prefetch, what this node's prefetch
+	// did for it (since its configuration loaded); nil otherwise.
+	Prefetch func() limiter.PrefetchStats
 }
 
 // Handler is one provisioned handler's share of the observability. Make it
@@ -173,6 +176,7 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			buckets:  []string{z.rule.Bucket()},
 			keys:     z.cfg.Keys,
 			queue:    z.cfg.Queue,
+			prefetch: z.cfg.Prefetch,
 			maxWait:  z.cfg.MaxWaiting,
 			server:   ctx.Value(caddyhttp.ServerCtxKey),
 		}

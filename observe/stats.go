@@ -65,8 +65,11 @@ type zoneInfo struct {
 	keys func(string) []string
 	// queue tells, for a leaky bucket, how many of its requests wait and
 	// how many were turned away (ZoneConfig.Queue); nil otherwise.
-	queue   func() (int64, uint64)
-	maxWait int64 // the most requests that wait at once (max_waiting)
+	queue func() (int64, uint64)
+	// prefetch tells what this node's prefetch did for the zone
+	// (ZoneConfig.Prefetch); nil without prefetch.
+	prefetch func() limiter.PrefetchStats
+	maxWait  int64 // the most requests that wait at once (max_waiting)
 	// server is the Caddy HTTP server (*caddyhttp.Server) the handler
 	// serves in, nil when it was provisioned outside one: a dashboard of
 	// scope server shows the zones its own server's handlers hold.

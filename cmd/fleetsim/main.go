@@ -33,8 +33,8 @@ func main() {
 	var zones, topo, single, cluster, username, password string
 	var masters, runs int
 	flag.IntVar(&c.Nodes, "nodes", 100, "simulated nodes, each with its own limiter, Redis connections and deny cache")
-	flag.IntVar(&c.Workers, "workers", 4, "requests in flight per node at most (closed loop: each sends its next request when the last is answered)")
-	flag.Float64Var(&c.Rate, "rate", 0, "offered requests a second for the whole fleet (open loop, as far as the workers keep up); 0: closed loop")
+	flag.IntVar(&c.Workers, "workers", 4, "requests in flight per node at most (closed loop: each sends its next request when the last is answered; with -rate: default 256)")
+	flag.Float64Var(&c.Rate, "rate", 0, "offered requests a second for the whole fleet, open loop: each node starts its requests on a schedule, whether or not the earlier ones were answered, as HTTP clients do (up to -workers in flight); 0: closed loop")
 	flag.IntVar(&c.Keys, "keys", 1_000_000, "client keys")
 	flag.Float64Var(&c.ZipfS, "zipf", 1.1, "Zipf exponent s of the key ranks (> 1)")
 	flag.DurationVar(&c.Duration, "duration", 10*time.Second, "how long each run loads the fleet")
@@ -58,6 +58,14 @@ func main() {
 	flag.IntVar(&runs, "runs", 1, "runs per topology; medians are printed too")
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile (the simulated fleet and its load) to this file")
 	flag.Parse()
+	workersSet := false
+	flag.Visit(func(f *flag.Flag) { workersSet = workersSet || f.Name == "workers" })
+	if c.Rate > 0 && !workersSet {
+		// Open loop: a decision that waits (for Redis, or for the node's
+		// call in flight on a prefetched key) must not hold back the
+		// requests due after it, as it does not for HTTP clients.
+		c.Workers = 256
+	}
 
 	for z := range strings.SplitSeq(zones, ",") {
 		switch strings.TrimSpace(z) {

@@ -30,8 +30,10 @@ type config struct {
 	// answered (closed loop).
 	Workers int
 	// Rate, when positive, is the offered load of the whole fleet in
-	// requests a second, spread evenly over the nodes (open loop, as long
-	// as the workers keep up).
+	// requests a second, spread evenly over the nodes: each node starts
+	// its requests on a schedule, whether or not the earlier ones were
+	// answered (open loop, as HTTP clients make them), as long as one of
+	// its Workers is free.
 	Rate float64
 	// Global and Client select the zones: one bucket for the whole fleet
 	// (key "global"), and one per client key.
@@ -307,9 +309,13 @@ func startNodes(c config, t target, prefix string, nodes []*node) error {
 		if n.store, err = limiter.NewRedisStore(opt); err != nil {
 			return err
 		}
+		fleet := int64(c.Nodes)
 		n.lim = limiter.New(n.store, limiter.Options{
 			Cache:    limiter.NewDenyCache(limiter.DenyCacheOptions{}),
 			Observer: &n.obs,
+			// What a Caddy node's fleet view reports once every node
+			// has reported (prefetch paces by it).
+			FleetSize: func() int64 { return fleet },
 		})
 		nodes[i] = n
 	}
@@ -326,10 +332,10 @@ func (res *result) measure(c config, nodes []*node, w *load, before, after []ser
 	var errs int64
 	for _, n := range nodes {
 		n.obs.add(&res.StoreCalls, &errs, &res.CacheHits)
-		hits, taken, returned := n.lim.PrefetchStats()
-		res.PrefetchHits += int64(hits)
-		res.SparesTaken += int64(taken)
-		res.SparesReturned += int64(returned)
+		ps := n.lim.PrefetchStats(nil)
+		res.PrefetchHits += int64(ps.Hits)
+		res.SparesTaken += int64(ps.Taken)
+		res.SparesReturned += int64(ps.Returned)
 	}
 	if c.Client {
 		res.Classes = summarize(w.stats, c.ClientLimit)
