@@ -17,9 +17,9 @@ import (
 // prefetchCase is one prefetching zone of TestFleetPrefetch and the most
 // script calls per admitted request it may make at saturation.
 type prefetchCase struct {
-	zone                 string
+	zone                  string
 	rate, burst, prefetch int64
-	maxCalls             float64
+	maxCalls              float64
 }
 
 // TestFleetPrefetch measures prefetch where users run it: three Caddy
