@@ -127,27 +127,27 @@ func TestPrefetchSparesExpire(t *testing.T) {
 }
 
 // TestPrefetchPause: a decision that took fewer spares than it wanted
-// pauses its node for the time the rate takes to refill what it missed for
-// every node of the fleet, never longer than the bucket takes to fill up,
-// nor half the hold.
+// pauses its node for the time the rate takes to refill what it missed,
+// never longer than the bucket takes to fill up, nor half the hold.
 func TestPrefetchPause(t *testing.T) {
 	r := mustConfig(t, RuleConfig{Name: "pf", Rate: 2000, Per: time.Second, Burst: 200, Prefetch: 20})
-	q := &Request{Rule: r, Key: "k", Cost: 1}
+	slow := mustConfig(t, RuleConfig{Name: "slow", Rate: 100, Per: time.Second, Burst: 200, Prefetch: 20})
 	for _, c := range []struct {
-		spares, remaining, nodes int64
-		want                     time.Duration
+		rule              *Rule
+		spares, remaining int64
+		want              time.Duration
 	}{
-		{spares: 19, remaining: 100, nodes: 3, want: 0},                   // all it wanted
-		{spares: 9, remaining: 50, nodes: 1, want: 5 * time.Millisecond},  // 10 missed
-		{spares: 9, remaining: 50, nodes: 3, want: 15 * time.Millisecond}, // 10 missed, for each of 3
-		{spares: 0, remaining: 0, nodes: 3, want: 28500 * time.Microsecond},
-		{spares: 0, remaining: 0, nodes: 10, want: 50 * time.Millisecond}, // half the hold
-		{spares: 0, remaining: 190, nodes: 3, want: 5 * time.Millisecond}, // the bucket is full in 5ms
-		{spares: 2, remaining: 200 + 2, nodes: 3, want: 0},                // full already
+		{rule: r, spares: 19, remaining: 100, want: 0},                      // all it wanted
+		{rule: r, spares: 9, remaining: 50, want: 5 * time.Millisecond},     // 10 missed
+		{rule: r, spares: 0, remaining: 0, want: 9500 * time.Microsecond},   // 19 missed
+		{rule: slow, spares: 0, remaining: 0, want: 50 * time.Millisecond},  // half the hold
+		{rule: r, spares: 0, remaining: 195, want: 2500 * time.Microsecond}, // the bucket is full in 2.5ms
+		{rule: r, spares: 2, remaining: 200 + 2, want: 0},                   // full already
 	} {
+		q := &Request{Rule: c.rule, Key: "k", Cost: 1}
 		res := &Result{Allowed: true, spares: c.spares, Remaining: c.remaining}
-		if got := r.pauseAfter(q, res, c.nodes); got != c.want {
-			t.Errorf("%d spares, %d remaining, %d nodes: pause %s, want %s", c.spares, c.remaining, c.nodes, got, c.want)
+		if got := c.rule.pauseAfter(q, res); got != c.want {
+			t.Errorf("%s: %d spares, %d remaining: pause %s, want %s", c.rule.name, c.spares, c.remaining, got, c.want)
 		}
 	}
 }
