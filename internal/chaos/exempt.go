@@ -166,6 +166,9 @@ func (c *checker) checkExempt() {
 			if (q.status != http.StatusTooManyRequests && !q.delayed) || c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter, func(string) bool { return true }) {
 				continue
 			}
+			if c.twinSpentQuota(q) {
+				continue // the twin's own requests spent the quota (quota.go)
+			}
 			twin++
 			if firstTwin == nil {
 				firstTwin = q
@@ -185,4 +188,28 @@ func (c *checker) checkExempt() {
 		c.failAt(InvExempt, firstTwin.sent, ofKey(firstTwin.key), "the exempt client's twin (its key from 127.0.0.1, at a quarter of the limit on %s) was denied or delayed %d times, first %d (denier %q) at %s: the exempt client's requests were charged to the key",
 			c.s.Targets[e.Target].Path, twin, firstTwin.status, firstTwin.denier, firstTwin.sent.Format("15:04:05.000"))
 	}
+}
+
+// twinSpentQuota reports whether the twin's request q was denied by a
+// zone's quota that the twin's own admitted requests before it had spent:
+// a quota is small next to the rate (it counts per day, week or month),
+// so a twin well within the rate may spend it alone.
+func (c *checker) twinSpentQuota(q *request) bool {
+	for _, zi := range c.s.Targets[q.target].Zones {
+		z := c.s.Zones[zi]
+		if z.Quota == 0 || (q.denier != z.Name && q.denier != z.Name+".quota") {
+			continue
+		}
+		cost := c.s.costOf(z, q.client)
+		var spent int64
+		for _, p := range c.o.requests {
+			if p.client == q.client && p.sent.Before(q.sent) {
+				if _, ok := c.o.seen[p.id]; ok {
+					spent += cost
+				}
+			}
+		}
+		return spent+cost > z.Quota
+	}
+	return false
 }
