@@ -37,7 +37,7 @@ func (b *redisBans) publish(msg string) {
 }
 
 // message handles a message of the ban channel: a node's breaker closed,
-// a ban started, or a ban was lifted.
+// a ban started, a key was reset (rediskeys.go), or a ban was lifted.
 func (b *redisBans) message(msg string) {
 	switch {
 	case msg == breakerClosedMsg:
@@ -46,6 +46,8 @@ func (b *redisBans) message(msg string) {
 		b.s.chargingAnnounced() // chargesin.go
 	case strings.HasPrefix(msg, banStartPrefix):
 		b.started(msg)
+	case strings.HasPrefix(msg, resetPrefix):
+		b.reset(msg)
 	default:
 		b.lifted(msg)
 	}

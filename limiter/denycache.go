@@ -50,7 +50,8 @@ type denyShard struct {
 	bans   map[bucketID]int64         // banned buckets: when the ban ends (cache microseconds)
 	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
 	last   map[bucketID]State         // every bucket's last state the store told (lastseen.go)
-	_      [24]byte
+	resets map[bucketID]int64         // buckets reset lately: when (cachereset.go); nil until one is
+	_      [16]byte
 }
 
 // probe records the buckets whose store call a request has claimed.
@@ -211,6 +212,10 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 		id := c.hash.id(r.bucket, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
+		if sh.resetAfter(id, sent) { // cachereset.go: the answer is of a bucket since deleted
+			sh.mu.Unlock()
+			continue
+		}
 		if remembered {
 			sh.keepLast(id, st, c.perShard) // lastseen.go
 		}

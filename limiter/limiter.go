@@ -232,6 +232,8 @@ type Limiter struct {
 	// storeUp reports whether the store's last call decided (the
 	// charges wait for it).
 	storeUp atomic.Bool
+	// resets are the keys reset lately (keys.go).
+	resets keyResets
 	// div is the largest fleet size seen lately (divisor.go), sampled
 	// until stopFleet closes.
 	div       fleetDivisor
@@ -245,7 +247,8 @@ func New(store Store, opt Options) *Limiter {
 		opt.Log = zap.NewNop()
 	}
 	l := &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
-	l.watchBans() // bans.go
+	l.watchBans()   // bans.go
+	l.watchResets() // keys.go
 	l.stopFleet = make(chan struct{})
 	if l.fleet != nil {
 		go l.sampleFleetEvery(l.stopFleet) // divisor.go
@@ -269,15 +272,16 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 			reqs[i].Slot = l.slots.next()
 		}
 	}
+	gen := l.resets.gen.Load() // keys.go: resets during the decision
 	if sp := l.spares.Load(); sp != nil {
-		return l.decideWithSpares(ctx, sp, reqs, results) // prefetch.go
+		return l.decideWithSpares(ctx, sp, reqs, results, gen) // prefetch.go
 	}
 	if sp := l.startSpares(reqs); sp != nil {
-		return l.decideWithSpares(ctx, sp, reqs, results)
+		return l.decideWithSpares(ctx, sp, reqs, results, gen)
 	}
 	out := l.decideCached(ctx, reqs, results)
 	if out == Allowed {
-		l.keepSpares(reqs, results)
+		l.keepSpares(reqs, results, gen)
 	}
 	return out
 }

@@ -51,6 +51,7 @@ type MemoryStore struct {
 	evictions map[uint32]uint64 // by zone tag
 
 	banList banRegistry // the bans started here, by key (membanlist.go)
+	lims    limiterSet  // the limiters told of keys reset (memkeys.go)
 
 	sweep chan time.Duration // a new sweep interval for the sweeper
 	stop  chan struct{}

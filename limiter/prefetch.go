@@ -251,12 +251,13 @@ func (s *spares) undo(reqs []Request, local []bool) {
 // pace starts the pause of each prefetching zone whose store decision (at
 // now) could not take all the spares it wanted (see Pacing). Of a denied
 // request, only the zones that denied it: one that would have admitted it
-// took no spares because another zone denied, not because it runs low.
-func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bool) {
+// took no spares because another zone denied, not because it runs low. A
+// key reset since the decision was sent (stale, keys.go) is not paced.
+func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bool, stale func(spareKey) bool) {
 	for i := range reqs {
 		q, res := &reqs[i], &results[i]
 		r := q.Rule
-		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 {
+		if r.prefetch == 0 || res.Unknown || q.Cost <= 0 || stale(spareKey{r.bucket, q.Key}) {
 			continue
 		}
 		c := s.countsOf(r)
@@ -309,12 +310,14 @@ func (r *Rule) pauseAfter(q *Request, res *Result) time.Duration {
 	return min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(need)/float64(r.rate)))
 }
 
-// keep records the spares a decision took, at now. A key's older spares,
-// if any are left, go back in the returned list (to be refunded).
-func (s *spares) keep(reqs []Request, results []Result, now time.Time) (back []*spare) {
+// keep records the spares a decision took, at now, but those of keys
+// reset since the decision was sent (stale: the bucket charged for them is
+// gone, so they are dropped). A key's older spares, if any are left, go
+// back in the returned list (to be refunded).
+func (s *spares) keep(reqs []Request, results []Result, now time.Time, stale func(spareKey) bool) (back []*spare) {
 	for i := range reqs {
 		res := &results[i]
-		if res.spares <= 0 || !res.Allowed || res.Unknown {
+		if res.spares <= 0 || !res.Allowed || res.Unknown || stale(spareKey{reqs[i].Rule.bucket, reqs[i].Key}) {
 			continue
 		}
 		r := reqs[i].Rule
@@ -344,6 +347,14 @@ func (s *spares) keep(reqs []Request, results []Result, now time.Time) (back []*
 		s.mu.Unlock()
 	}
 	return back
+}
+
+// drop forgets a key's spares without giving them back (keys.go: the key
+// was reset, and the bucket charged for them with it).
+func (s *spares) drop(k spareKey) {
+	s.mu.Lock()
+	delete(s.m, k)
+	s.mu.Unlock()
 }
 
 // expired removes and returns the spares whose deadline is past at now
@@ -427,7 +438,7 @@ const prefetchTick = 20 * time.Millisecond
 
 // keepSpares keeps the spares an admitted decision took, starting the
 // holder on the first ones. After Close it gives them back at once.
-func (l *Limiter) keepSpares(reqs []Request, results []Result) {
+func (l *Limiter) keepSpares(reqs []Request, results []Result, gen uint64) {
 	for i := range results {
 		if results[i].spares > 0 {
 			l.sparesMu.Lock()
@@ -442,8 +453,8 @@ func (l *Limiter) keepSpares(reqs []Request, results []Result) {
 				l.spares.Store(sp)
 			}
 			l.sparesMu.Unlock()
-			l.keepTaken(sp, reqs, results)
-			sp.pace(reqs, results, time.Now(), false)
+			l.keepTaken(sp, reqs, results, gen)
+			sp.pace(reqs, results, time.Now(), false, l.staleSince(gen))
 			return
 		}
 	}
@@ -485,10 +496,17 @@ func takenSpares(reqs []Request, results []Result) []*spare {
 	return list
 }
 
-// keepTaken records the spares of an admitted decision; older spares it
-// replaces go back in the background.
-func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result) {
-	if back := sp.keep(reqs, results, time.Now()); len(back) > 0 {
+// staleSince returns whether a key was reset after generation gen (the
+// generation of keyResets when a decision started).
+func (l *Limiter) staleSince(gen uint64) func(spareKey) bool {
+	return func(k spareKey) bool { return l.resets.since(gen, k) }
+}
+
+// keepTaken records the spares of an admitted decision that started at
+// reset generation gen; older spares it replaces go back in the
+// background.
+func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result, gen uint64) {
+	if back := sp.keep(reqs, results, time.Now(), l.staleSince(gen)); len(back) > 0 {
 		go l.giveBack(back)
 	}
 }
@@ -497,7 +515,7 @@ func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result) {
 // prefetching zones they cover: a request they cover entirely needs no
 // store call; otherwise the other zones are decided by the store, all or
 // nothing, and a denial puts the spares taken back.
-func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Request, results []Result) Outcome {
+func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Request, results []Result, gen uint64) Outcome {
 	var localBuf [8]bool
 	local := localBuf[:0]
 	if len(reqs) > len(localBuf) {
@@ -515,7 +533,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 		}
 		if wait == nil {
 			defer sp.land(&f)
-			return l.decideUncovered(ctx, sp, reqs, results, local, covered, now)
+			return l.decideUncovered(ctx, sp, reqs, results, local, covered, now, gen)
 		}
 		select {
 		case <-wait:
@@ -525,16 +543,17 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 	}
 }
 
-// decideUncovered is decideWithSpares once take covered what it could.
-func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time) Outcome {
+// decideUncovered is decideWithSpares once take covered what it could; gen
+// is the reset generation when the decision started (keys.go).
+func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time, gen uint64) Outcome {
 	switch covered {
 	case 0:
 		out := l.decideCached(ctx, reqs, results)
 		if out == Allowed {
-			l.keepTaken(sp, reqs, results)
+			l.keepTaken(sp, reqs, results, gen)
 		}
 		if out == Allowed || out == Denied {
-			sp.pace(reqs, results, now, out == Denied)
+			sp.pace(reqs, results, now, out == Denied, l.staleSince(gen))
 		}
 		return out
 	case len(reqs):
@@ -554,12 +573,12 @@ func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Reques
 		results[i] = subRes[j]
 	}
 	if out == Allowed || out == Denied {
-		sp.pace(subReqs, subRes, now, out == Denied)
+		sp.pace(subReqs, subRes, now, out == Denied, l.staleSince(gen))
 	}
 	switch out {
 	case Allowed:
 		sp.countHits(reqs, local)
-		l.keepTaken(sp, subReqs, subRes)
+		l.keepTaken(sp, subReqs, subRes, gen)
 	case LocalAllowed, FailedOpen:
 		// The request passes: the spares it used are spent.
 	default:

@@ -177,6 +177,8 @@ type RedisStore struct {
 	// bans is the ban registry and the ban channel's subscriber
 	// (redisbans.go, redisunban.go).
 	bans *redisBans
+	// lims are the limiters told of keys reset (rediskeys.go).
+	lims limiterSet
 	// probe is the idle prober's latest PING (idleprobe.go).
 	probe idleProbe
 	// id tells this node's entries in Redis from the others' (chargesin.go).

@@ -15,6 +15,11 @@ call('ZREMRANGEBYSCORE', key, '-inf', now)
 r1 = call('ZCARD', key)
 if cost > p1 then flag = NEVER elseif r1 + cost <= p1 then flag = ADMIT else flag = DENY end
 
+--@peek
+-- The slots whose lease has not ended, without pruning the others.
+r1 = #call('ZRANGEBYSCORE', key, '(' .. digits(now), '+inf')
+flag = ADMIT
+
 --@commit
 call('ZADD', key, now + p2, aux)
 for j = 2, cost do call('ZADD', key, now + p2, aux .. '#' .. j) end

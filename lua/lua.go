@@ -9,8 +9,10 @@
 // (aux as a number, 0 if it is none), rule (the rule's arguments) and now;
 // sets flag, r1, r2, r3), "--@commit" (charges an admitted request: reads
 // the same and r1..r3, and may change what the reply reports from
-// reply[c + Z_FLAG] on) and "--@refund" (gives a charge back). decide.lua
-// and refund.lua say where the sections go with "--@dispatch <section>":
+// reply[c + Z_FLAG] on), "--@refund" (gives a charge back) and "--@peek"
+// (reads what check reads, writing nothing; an algorithm whose check writes
+// nothing has none, and its check stands in). decide.lua, refund.lua and
+// peek.lua say where the sections go with "--@dispatch <section>":
 // each algorithm's section is inlined there in one if/elseif chain on the
 // zone's algorithm id. Nothing but the request's own work runs per call. A "--@unzone" line
 // is replaced by zone.lua, the decoding of a zone's argument. The .lua
@@ -45,6 +47,8 @@ var (
 	decide string
 	//go:embed refund.lua
 	refund string
+	//go:embed peek.lua
+	peek string
 	//go:embed zone.lua
 	unzone string
 )
@@ -65,6 +69,11 @@ var algorithms = []struct {
 	{AlgConcurrency, concurrency},
 	{AlgQuota, quota},
 }
+
+// standIn names the section that stands in for a section an algorithm
+// file leaves out: a peek is the check of an algorithm whose check writes
+// nothing.
+var standIn = map[string]string{"peek": "check"}
 
 // sections splits an algorithm file into its marked sections.
 func sections(file string) map[string]string {
@@ -116,7 +125,11 @@ func assemble(main string) string {
 			if i == 0 {
 				kw = "if"
 			}
-			fmt.Fprintf(&b, "%s alg == %d then\n%s", kw, a.id, parsed[i][section])
+			code, ok := parsed[i][section]
+			if !ok {
+				code = parsed[i][standIn[section]]
+			}
+			fmt.Fprintf(&b, "%s alg == %d then\n%s", kw, a.id, code)
 		}
 		b.WriteString("end\n")
 	}
@@ -130,3 +143,7 @@ var Decide = assemble(decide)
 // Refund gives back what Decide charged, for a request decided in several
 // calls (Redis Cluster slots) that another call denied; see refund.lua.
 var Refund = assemble(refund)
+
+// Peek reads, without writing anything or charging any zone, what each
+// zone's bucket holds for a key, and its ban; see peek.lua for its reply.
+var Peek = assemble(peek)

@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden scripts in testdata"
 // its scripts). After a deliberate change, go test ./lua -update rewrites
 // testdata; the diff is the change's review.
 func TestScriptsGolden(t *testing.T) {
-	for name, script := range map[string]string{"decide.lua": Decide, "refund.lua": Refund} {
+	for name, script := range map[string]string{"decide.lua": Decide, "refund.lua": Refund, "peek.lua": Peek} {
 		path := filepath.Join("testdata", name+".golden")
 		if *update {
 			if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
@@ -106,7 +106,7 @@ func TestNamesUsed(t *testing.T) {
 			t.Errorf("%s is declared but no .lua file uses it", n.name)
 		}
 	}
-	for name, script := range map[string]string{"decide": Decide, "refund": Refund} {
+	for name, script := range map[string]string{"decide": Decide, "refund": Refund, "peek": Peek} {
 		for i, line := range strings.Split(script, "\n") {
 			code, _, _ := strings.Cut(line, "--")
 			if m := nameRE.FindString(code); m != "" {

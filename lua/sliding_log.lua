@@ -35,6 +35,14 @@ else
   end
 end
 
+--@peek
+-- The check's reading without its trim: the entries still in the window.
+local items = call('ZRANGEBYSCORE', key, '(' .. digits(now - p1), '+inf', 'WITHSCORES')
+r1, r2, r3 = 0, 0, 0
+for j = 1, #items, 2 do r1 = r1 + log_cost(items[j]) end
+if #items > 0 then r3 = tonumber(items[#items]) + p1 - now end
+flag = ADMIT
+
 --@commit
 local m = call('ZCARD', key)
 local member = format('%d:%d:%d', now, cost, m)

@@ -137,6 +137,25 @@ const (
 // a request of zones zones: its time, then ReplyZone per zone.
 func ReplyLen(zones int) int { return 1 + ReplyZone*zones }
 
+// The peek script's reply is its time (us), then PeekZone values per zone:
+// in the reply from 0, zone i's value at position p is at i*PeekZone + p.
+// Its first values are a decision's (ReplyFlag .. ReplyR3, for a cost of
+// 0), then the zone's ban.
+const (
+	// PeekBanLeft is the microseconds the key's ban has left (0: none).
+	PeekBanLeft = ReplyZone + 1
+	// PeekBanDenials is how many denials started the ban in force.
+	PeekBanDenials = ReplyZone + 2
+	// PeekDenials is how many denials count towards the next ban.
+	PeekDenials = ReplyZone + 3
+	// PeekZone is how many values a zone has in the peek reply.
+	PeekZone = ReplyZone + 3
+)
+
+// PeekLen returns how many values the peek script's reply has for zones
+// zones: its time, then PeekZone per zone.
+func PeekLen(zones int) int { return 1 + PeekZone*zones }
+
 // A zone's flag in the reply: one of the first four, plus FlagBanStarted
 // when this denial started a ban.
 const (
@@ -178,6 +197,10 @@ var names = []struct {
 	{"Z_R2", ReplyR2},
 	{"Z_R3", ReplyR3},
 	{"ZONE_REPLY", ReplyZone},
+	{"P_BAN_LEFT", PeekBanLeft},
+	{"P_BAN_DENIALS", PeekBanDenials},
+	{"P_DENIALS", PeekDenials},
+	{"PEEK_ZONE", PeekZone},
 	{"DENY", FlagDeny},
 	{"ADMIT", FlagAdmit},
 	{"NEVER", FlagNever},
