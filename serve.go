@@ -117,8 +117,12 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		if err != nil {
 			return false, caddyhttp.Error(http.StatusInternalServerError, err)
 		}
+		key := z.keyOf(r, repl)
+		if z.lastTier != nil {
+			z.lastTier.note(key, ap.tier) // lasttier.go
+		}
 		ds = append(ds, zoneDecision{zone: z, applied: ap,
-			req: limiter.Request{Rule: ap.rule, Key: z.keyOf(r, repl), Cost: cost, Reserve: reserve}})
+			req: limiter.Request{Rule: ap.rule, Key: key, Cost: cost, Reserve: reserve}})
 	}
 	if len(ds) == 0 {
 		return true, nil

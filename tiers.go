@@ -1,7 +1,9 @@
 package fleetlimit
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,7 @@ type appliedRule struct {
 	// calendar: a quota, whose w is the length of the request's period
 	// (see appendPolicy).
 	calendar bool
+	tier     uint16 // its number in the zone's rule cache (lasttier.go)
 }
 
 // newApplied returns the rule of zone name with its field values:
@@ -59,6 +62,7 @@ type ruleCache struct {
 	size  int
 	build func(rate, burst int64) (*limiter.Rule, error)
 	name  string
+	seq   uint16 // the last tier number given (under mu)
 }
 
 // cachedRule is a compiled rule, or why the values cannot make one.
@@ -82,6 +86,10 @@ func (c *ruleCache) get(rate, burst int64) (*appliedRule, error) {
 			e.applied = newApplied(c.name, rule)
 		}
 		c.mu.Lock()
+		if e.applied != nil {
+			c.seq++
+			e.applied.tier = c.seq
+		}
 		for old := range c.m {
 			if len(c.m) < c.size {
 				break
@@ -92,6 +100,35 @@ func (c *ruleCache) get(rate, burst int64) (*appliedRule, error) {
 		c.mu.Unlock()
 	}
 	return e.applied, e.err
+}
+
+// all returns the rules the cache holds, by rate and burst.
+func (c *ruleCache) all() []*limiter.Rule {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]*limiter.Rule, 0, len(c.m))
+	for _, e := range c.m {
+		if e.applied != nil {
+			out = append(out, e.applied.rule)
+		}
+	}
+	slices.SortFunc(out, func(a, b *limiter.Rule) int {
+		return cmp.Or(cmp.Compare(a.Rate(), b.Rate()), cmp.Compare(a.Burst(), b.Burst()))
+	})
+	return out
+}
+
+// byTier returns the rule of tier number id, or nil when the cache no
+// longer holds it.
+func (c *ruleCache) byTier(id uint16) *limiter.Rule {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.m {
+		if e.applied != nil && e.applied.tier == id {
+			return e.applied.rule
+		}
+	}
+	return nil
 }
 
 // len returns how many rules the cache holds.

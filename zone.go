@@ -241,6 +241,7 @@ type Zone struct {
 	rule        *limiter.Rule // the zone's rule (with placeholders: for their stand-in values)
 	base        *appliedRule  // rule, with its field values
 	rules       *ruleCache    // the rules of placeholder values; nil without placeholders
+	lastTier    *lastTiers    // the tier that applied last to a key (with rules)
 	matchers    caddyhttp.MatcherSets
 	exempt      exemptSet // Exempt, parsed
 	route       string    // the zone's matchers as configured (JSON), for the denial feed
@@ -355,6 +356,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	if z.RatePlaceholder != "" || z.BurstPlaceholder != "" || (z.quotaOnly() && z.QuotaPlaceholder != "") {
 		z.rules = &ruleCache{m: make(map[[2]int64]*cachedRule), size: defaultRuleCacheSize, name: z.Name,
 			build: func(rate, burst int64) (*limiter.Rule, error) { return z.compileRule(rate, burst) }}
+		z.lastTier = newLastTiers()
 	}
 	z.exempt, _ = parseExempt(z.Exempt) // validated
 	z.provisionKeys()
@@ -448,9 +450,13 @@ func (z *Zone) normalKey(source int, v string) string {
 }
 
 // observeConfig is what observe needs of the zone beyond its rule: what
-// its matchers match (from the configuration), and its key normalisation.
+// its matchers match (from the configuration), its key normalisation, and
+// its tiers, for the key lookup.
 func (z *Zone) observeConfig() observe.ZoneConfig {
-	oc := observe.ZoneConfig{Match: z.route}
+	oc := observe.ZoneConfig{Match: z.route, LastRule: z.lastRule}
+	if z.rules != nil {
+		oc.Rules = z.rules.all
+	}
 	if z.room != nil {
 		oc.MaxWaiting, oc.Queue = z.room.max, z.room.counts
 	}

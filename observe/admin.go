@@ -19,6 +19,8 @@ func init() {
 //	GET /rate_limit/denials   the denial feed, as JSON (?zone=NAME&limit=N)
 //	GET /rate_limit/bans      the bans in force, as JSON (?zone=NAME&limit=N)
 //	DELETE /rate_limit/bans/<zone>/<key or key digest>   lifts a ban fleet-wide
+//	GET /rate_limit/keys/<zone>/<key or key digest>      a key's state in a zone
+//	DELETE /rate_limit/keys/<zone>/<key or key digest>   resets the key fleet-wide
 //
 // It needs no configuration: Caddy mounts every admin.api module.
 type adminAPI struct{}

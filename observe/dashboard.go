@@ -29,8 +29,9 @@ func init() {
 // and /rate_limit/denials) on a site,
 // for operators whose browsers cannot reach a node's admin endpoint. Put it
 // behind authentication: with `log_key` its tables show client keys and
-// addresses, and its bans (GET, and DELETE ?zone=Z&key=K, the admin API's
-// /rate_limit/bans) can be lifted from it.
+// addresses, its bans (GET, and DELETE ?zone=Z&key=K, the admin API's
+// /rate_limit/bans) can be lifted from it, and keys looked up and reset
+// (GET and DELETE keys?zone=Z&key=K, the admin API's /rate_limit/keys).
 //
 //	handle /rate-limits/* {
 //	    basic_auth { ops <hash> }
@@ -38,7 +39,7 @@ func init() {
 //	}
 //
 // It answers the path's last segment: the page for a path ending in "/",
-// "stats", "denials", "bans", "dashboard.js", "bans.js" and "dashboard.css"; a GET or HEAD of any other
+// "stats", "denials", "bans", "keys", "dashboard.js", "bans.js", "keys.js" and "dashboard.css"; a GET or HEAD of any other
 // path is redirected to itself with a trailing "/" (so that the page's
 // relative links resolve), keeping the query. The redirect is relative to
 // the path ("./<segment>/"): it cannot leave the site, whatever the path
@@ -96,7 +97,7 @@ func (d *DashboardHandler) scope(r *http.Request) scope {
 func (d *DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	p := r.URL.Path
 	name := p[strings.LastIndexByte(p, '/')+1:]
-	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && name != "bans" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	if _, ok := dashboardFiles[name]; !ok && name != "stats" && name != "denials" && name != "bans" && name != "keys" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		w.Header().Set("Location", slashRedirect(r.URL))
 		w.WriteHeader(http.StatusPermanentRedirect)
 		return nil
@@ -171,16 +172,25 @@ var dashboardFiles = map[string]string{
 	"dashboard.js":  "dashboard/dashboard.js",
 	"dashboard.css": "dashboard/dashboard.css",
 	"bans.js":       "dashboard/bans.js",
+	"keys.js":       "dashboard/keys.js",
 }
 
 // serveDashboard serves one of the dashboard's resources by name ("" for
 // the page, "stats" for the statistics, "denials" for the denial feed,
-// "bans" for the bans) about the zones in scope, or returns an error and
+// "bans" for the bans, "keys" for a key's lookup and reset) about the zones in scope, or returns an error and
 // its HTTP status. The admin API and the rate_limit_dashboard handler
 // share it.
 func serveDashboard(w http.ResponseWriter, r *http.Request, name string, in scope) (int, error) {
 	if rest, ok := strings.CutPrefix(name, "bans"); ok && (rest == "" || rest[0] == '/') {
 		return serveBans(w, r, strings.TrimPrefix(rest, "/"), in) // bansapi.go: GET and DELETE
+	}
+	if rest, ok := strings.CutPrefix(name, "keys"); ok && (rest == "" || rest[0] == '/') {
+		// keysapi.go: GET and DELETE. The key may hold escaped slashes:
+		// it is read from the escaped path (the admin API's form).
+		if rest != "" {
+			_, rest, _ = strings.Cut(r.URL.EscapedPath(), adminBase+"keys")
+		}
+		return serveKeys(w, r, rest, in)
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")

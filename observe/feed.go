@@ -165,10 +165,7 @@ func (d *denial) field(from, to uint16, cut uint8) string {
 // the key with log_key), the address (its network without log_key), this
 // node's id.
 func (d *denial) export() Denial {
-	key := d.long
-	if key == "" {
-		key = string(d.buf[d.path:d.key])
-	}
+	key := d.rawKey()
 	out := Denial{
 		Time:      d.at,
 		Zone:      d.zone,
@@ -190,6 +187,30 @@ func (d *denial) export() Denial {
 	}
 	if d.logKey {
 		out.Key = key
+	}
+	return out
+}
+
+// rawKey returns the denied request's client key, as its bucket names it.
+func (d *denial) rawKey() string {
+	if d.long != "" {
+		return d.long
+	}
+	return string(d.buf[d.path:d.key])
+}
+
+// keysOf returns the client keys of the ring's denials in zone, each once:
+// the keys whose digests this node can resolve (keysapi.go).
+func (f *denialFeed) keysOf(zone string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for i := uint64(0); i < min(f.next, feedRing); i++ {
+		if d := &f.ring[i]; d.zone == zone {
+			if k := d.rawKey(); !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
 	}
 	return out
 }

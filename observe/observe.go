@@ -76,6 +76,14 @@ type ZoneConfig struct {
 	// lifted by a raw key through it; nil when the zone has no key
 	// alternative (one shared bucket).
 	Keys func(v string) []string
+	// Rules returns the rules of a zone with tiers (a rate or burst from
+	// placeholders): one per tier this node compiled, by rate and burst.
+	// The key lookup reads a key's bucket under each. nil: the zone has
+	// one rule, its Rules entry.
+	Rules func() []*limiter.Rule
+	// LastRule returns the rule that applied last to a client key (a
+	// bucket key) on this node, nil when unknown. nil: the zone's rule.
+	LastRule func(key string) *limiter.Rule
 	// MaxWaiting is, for a leaky bucket, how many of its requests the
 	// handler holds waiting at once (0 otherwise), and Queue tells how
 	// many wait now and how many were turned away because they were
@@ -175,6 +183,9 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 			memory:   cfg.Memory,
 			buckets:  []string{z.rule.Bucket()},
 			keys:     z.cfg.Keys,
+			rule:     z.rule,
+			tiers:    z.cfg.Rules,
+			lastRule: z.cfg.LastRule,
 			queue:    z.cfg.Queue,
 			prefetch: z.cfg.Prefetch,
 			maxWait:  z.cfg.MaxWaiting,

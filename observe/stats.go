@@ -63,6 +63,11 @@ type zoneInfo struct {
 	// keys normalises a raw client key as the zone does (ZoneConfig.Keys);
 	// nil when the zone has no key alternative.
 	keys func(string) []string
+	// rule is the zone's rule; tiers, if set, its rules per tier, and
+	// lastRule, if set, the rule that applied last to a key (ZoneConfig).
+	rule     *limiter.Rule
+	tiers    func() []*limiter.Rule
+	lastRule func(string) *limiter.Rule
 	// queue tells, for a leaky bucket, how many of its requests wait and
 	// how many were turned away (ZoneConfig.Queue); nil otherwise.
 	queue func() (int64, uint64)

@@ -122,6 +122,22 @@ func (s *spaceSaving) insert(k string) {
 	s.items[m] = topItem{key: k, count: s.items[m].count + 1, over: s.items[m].count}
 }
 
+// keys returns every key the sketch holds, in either window.
+func (t *topKeys) keys() []string {
+	var out []string
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range []*spaceSaving{&sh.cur, &sh.prev} {
+			for _, it := range s.items {
+				out = append(out, it.key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
 // top returns the n keys denied most in the current and the previous
 // window at unix second now, and the unix second the data starts from.
 func (t *topKeys) top(now int64, n int) ([]topItem, int64) {
