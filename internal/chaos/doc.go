@@ -12,7 +12,8 @@
 // One concept per file: scenario.go draws, site.go writes the Caddyfile,
 // topology.go starts Redis, upstream.go is the application, load.go the
 // clients, exempt.go the exempt client and its check, fault.go the faults,
-// bans.go and resources.go what the nodes expose, bound.go the exact
-// bounds and allowances, invariants.go the checks, report.go the
-// violations, run.go one scenario end to end.
+// reset.go the key resets (a DELETE of a key through a node's admin API,
+// after which its bound starts again), bans.go and resources.go what the
+// nodes expose, bound.go the exact bounds and allowances, invariants.go the
+// checks, report.go the violations, run.go one scenario end to end.
 package chaos

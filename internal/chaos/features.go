@@ -11,6 +11,7 @@ const (
 	streamMaxWaiting = 0xfea7_0001 + iota
 	streamExempt
 	streamQuota
+	streamKeyResets
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -21,8 +22,9 @@ func featureRand(seed uint64, stream uint64) *rand.Rand {
 // drawFeatures draws the later features, each from its own stream.
 func (s *Scenario) drawFeatures() {
 	s.drawMaxWaiting(featureRand(s.Seed, streamMaxWaiting))
-	s.drawExempt(featureRand(s.Seed, streamExempt)) // exempt.go
-	s.drawQuota(featureRand(s.Seed, streamQuota))   // quota.go
+	s.drawExempt(featureRand(s.Seed, streamExempt))    // exempt.go
+	s.drawQuota(featureRand(s.Seed, streamQuota))      // quota.go
+	s.drawResets(featureRand(s.Seed, streamKeyResets)) // reset.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

@@ -16,6 +16,7 @@ type observed struct {
 	peaks    []peak
 	windows  []window
 	bans     []banSeen
+	resets   []resetDone // the key resets (reset.go)
 }
 
 // checker checks one run's observations against the scenario's model.
@@ -96,59 +97,81 @@ func (c *checker) checkBounds() int {
 		if z.Global {
 			rule.reserve = 0 // clients of several reserves share it
 		}
-		var first, last time.Time
-		var tokens, failOpen float64
-		for _, q := range b.requests {
-			if first.IsZero() || q.sent.Before(first) {
-				first = q.sent
-			}
-			up, ok := c.o.seen[q.id]
-			if !ok || !counted(z.CountStatus, up.status) {
-				continue
-			}
-			cost := float64(q.cost)
-			if z.Cost > 0 {
-				cost = float64(z.Cost)
-			}
-			if up.at.After(last) {
-				last = up.at
-			}
-			if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, 0, c.redisDown) {
-				failOpen += cost // the allowance named "on_error allow"
-				continue
-			}
-			tokens += cost
+		// A reset key's bound starts again at each reset (reset.go).
+		spanned := false
+		for _, sp := range c.spans(b) {
+			spanned = c.checkSpan(b, z, rule, sp) || spanned
 		}
-		if tokens == 0 {
-			continue
-		}
-		checked++
-		bound := rule.exact(last.Sub(first))
-		allow := rule.evictionShare()
-		var named []string
-		if z.OnError == "local" {
-			for _, w := range c.o.windows {
-				if c.redisDown(w.kind) && !w.until().Before(first) && !w.start.After(last) {
-					share := rule.fallbackShare(w.until().Sub(w.start))
-					allow += share
-					named = append(named, fmt.Sprintf("fallback %s %.0f", w.kind, share))
-				}
-			}
-		}
-		if c.s.Topology != Memory {
-			for _, w := range c.o.windows {
-				if dataLoss(w.kind) && !w.end.Before(first) && !w.start.After(last) {
-					allow += rule.dataLossShare()
-					named = append(named, fmt.Sprintf("data loss %s %.0f", w.kind, rule.dataLossShare()))
-				}
-			}
-		}
-		if tokens > math.Floor(bound+allow+1e-9) {
-			c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
-				z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests), int(failOpen))
+		if spanned {
+			checked++
 		}
 	}
 	return checked
+}
+
+// checkSpan checks the admitted tokens of a span of a bucket's requests
+// against its exact bound plus the named allowances, and reports whether
+// any token was admitted.
+func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
+	first := sp.from
+	var last time.Time
+	var tokens, failOpen float64
+	for _, q := range sp.requests {
+		if sp.from.IsZero() && (first.IsZero() || q.sent.Before(first)) {
+			first = q.sent
+		}
+		up, ok := c.o.seen[q.id]
+		if !ok || !counted(z.CountStatus, up.status) {
+			continue
+		}
+		cost := float64(q.cost)
+		if z.Cost > 0 {
+			cost = float64(z.Cost)
+		}
+		if up.at.After(last) {
+			last = up.at
+		}
+		if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, 0, c.redisDown) {
+			failOpen += cost // the allowance named "on_error allow"
+			continue
+		}
+		tokens += cost
+	}
+	if tokens == 0 {
+		return false
+	}
+	bound := rule.exact(last.Sub(first))
+	allow := rule.evictionShare()
+	var named []string
+	if sp.spares > 0 {
+		allow += sp.spares
+		named = append(named, fmt.Sprintf("spares at the reset %.0f", sp.spares))
+	}
+	if !sp.from.IsZero() {
+		named = append(named, "since a key reset at "+sp.from.Format("15:04:05.000"))
+	}
+	if z.OnError == "local" {
+		for _, w := range c.o.windows {
+			if c.redisDown(w.kind) && !w.until().Before(first) && !w.start.After(last) {
+				share := rule.fallbackShare(w.until().Sub(w.start))
+				allow += share
+				named = append(named, fmt.Sprintf("fallback %s %.0f", w.kind, share))
+			}
+		}
+	}
+	if c.s.Topology != Memory {
+		for _, w := range c.o.windows {
+			if dataLoss(w.kind) && !w.end.Before(first) && !w.start.After(last) {
+				allow += rule.dataLossShare()
+				named = append(named, fmt.Sprintf("data loss %s %.0f", w.kind, rule.dataLossShare()))
+			}
+		}
+	}
+	if tokens > math.Floor(bound+allow+1e-9) {
+		c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
+			z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(sp.requests), int(failOpen))
+	}
+	return true
 }
 
 // checkInFlight checks the upstream's counts of requests in flight per

@@ -74,14 +74,26 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 		defer close(loadDone)
 		requests = s.load(ctx, func(i int) string { return nodes[i].URL }, len(nodes))
 	}()
+	var resets []resetDone
+	resetsDone := make(chan struct{})
+	go func() {
+		defer close(resetsDone)
+		resets = s.injectResets(ctx, nodes, start) // reset.go
+	}()
 	windows := in.run(start)
 	<-loadDone
+	<-resetsDone
 	loadEnd := time.Now()
 	time.Sleep(settle)
 	stopBans()
 
-	obs := &observed{requests: requests, windows: windows, bans: bans.list()}
+	obs := &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets}
 	c := &checker{s: s, o: obs}
+	for _, r := range resets {
+		if r.err != "" && !c.inFault(r.sent, r.done, 0, 0, c.redisDown) {
+			c.fail(InvHarness, "key reset of zone %s at %s: %s", s.Zones[r.zone].Name, r.sent.Format("15:04:05.000"), r.err)
+		}
+	}
 	for _, w := range windows {
 		res.Faults = append(res.Faults, w.kind)
 		if w.err != "" {

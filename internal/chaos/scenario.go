@@ -193,6 +193,8 @@ type Scenario struct {
 	Clients []*Client
 	// Faults are in the order they start.
 	Faults []Fault
+	// Resets are the key resets sent during the load, in order (reset.go).
+	Resets []KeyReset
 	// VictimTarget is the index of the target the victim and the spoofer
 	// share, -1 when there is none.
 	VictimTarget int
@@ -566,7 +568,7 @@ func (s *Scenario) Summary() string {
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)
 	}
-	return fmt.Sprintf("%s x%d, zones [%s], %d clients, faults [%s]", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), strings.Join(fs, " "))
+	return fmt.Sprintf("%s x%d, zones [%s], %d clients, faults [%s]%s", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), strings.Join(fs, " "), s.resetsSummary())
 }
 
 // counted reports whether a response of status is counted by a zone with
