@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	ctx := context.Background()
 	seen := map[string]bool{}
+	wall := time.Now()
 	for step := range 600 {
 		r, key := rules[rng.IntN(len(rules))], keys[rng.IntN(len(keys))]
 		cost := int64(1 + rng.IntN(2))
@@ -42,10 +44,16 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, _ = ms.Decide(ctx, slices.Clone(req), want)
-		clk.add(int64(rng.IntN(200_000)))
+		// The test clock runs ahead of the real one: Redis expires keys
+		// by real time, and a key it dropped must be full by the test
+		// clock too (a key the test clock calls full reads full from
+		// Redis whether it expired there or not).
+		clk.add(int64(rng.IntN(200_000)) + time.Since(wall).Microseconds())
+		wall = time.Now()
 		if step%20 != 19 {
 			continue
 		}
+		clk.add(100_000)
 		for _, key := range keys {
 			before := dumpKeys(t, srv, "peek:*")
 			fromRedis, err := rs.Peek(ctx, rules, key)
@@ -66,8 +74,17 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 					seen[rules[i].alg.String()] = true
 				}
 			}
-			if after := dumpKeys(t, srv, "peek:*"); after != before {
-				t.Fatalf("step %d: peeking changed Redis:\nbefore %s\nafter  %s", step, before, after)
+			after := dumpKeys(t, srv, "peek:*")
+			for k, v := range after {
+				if b, ok := before[k]; !ok || b.dump != v.dump {
+					t.Fatalf("step %d: peeking changed %s: before %q, after %q (ttl %d, %d); GET %q", step, k, b.dump, v.dump, b.pttl, v.pttl, srv.MustDo("GET", k))
+				}
+			}
+			for k, b := range before {
+				// A key may expire meanwhile: TTLs run in real time.
+				if _, ok := after[k]; !ok && (b.pttl < 0 || b.pttl > 2000) {
+					t.Fatalf("step %d: peeking deleted %s (its TTL was %d ms)", step, k, b.pttl)
+				}
 			}
 			k, args := rs.peekArgs(rules, key)
 			cmd := append([]any{"eval_ro", lua.Peek, len(k)}, toAny(k)...)
@@ -83,17 +100,26 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 	}
 }
 
-// dumpKeys returns every key matching pattern with its value's dump, in
-// order: what Redis holds, without TTLs.
-func dumpKeys(t *testing.T, srv *redistest.Server, pattern string) string {
+// dumped is a key's value, as DUMP gives it, and its TTL in milliseconds.
+type dumped struct {
+	dump string
+	pttl int64
+}
+
+// dumpKeys returns every key matching pattern with its value's dump and
+// its TTL: what Redis holds.
+func dumpKeys(t *testing.T, srv *redistest.Server, pattern string) map[string]dumped {
 	t.Helper()
-	keys := strings.Fields(srv.MustDo("KEYS", pattern))
-	slices.Sort(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k + "=" + srv.MustDo("DUMP", k) + " ")
+	out := map[string]dumped{}
+	for _, k := range strings.Fields(srv.MustDo("KEYS", pattern)) {
+		d, err := srv.Do("DUMP", k)
+		pttl, _ := strconv.ParseInt(srv.MustDo("PTTL", k), 10, 64)
+		if err != nil || d == "(nil)" || pttl == -2 {
+			continue // expired since KEYS
+		}
+		out[k] = dumped{d, pttl}
 	}
-	return b.String()
+	return out
 }
 
 func toAny(s []string) []any {
