@@ -25,7 +25,7 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 	clk := newTestClock(epoch)
 	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "peek:", Clock: clk})
 	ms := newMemory(t, clk)
-	rules := policyRules(t)
+	rules := append(policyRules(t), mustConfig(t, RuleConfig{Name: "qt", Algorithm: Quota, Rate: 50, Period: Day}))
 	keys := []string{"198.51.100.7", "user@example.com"}
 	rng := rand.New(rand.NewPCG(7, 7))
 	ctx := context.Background()
@@ -93,7 +93,7 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 			}
 		}
 	}
-	for _, what := range []string{"ban", "token_bucket", "sliding_log", "concurrency", "fixed_window"} {
+	for _, what := range []string{"ban", "token_bucket", "sliding_log", "concurrency", "fixed_window", "quota"} {
 		if !seen[what] {
 			t.Errorf("the trace never peeked a %s that was not full", what)
 		}

@@ -70,7 +70,12 @@ func (s *RedisStore) peekArgs(rules []*Rule, key string) ([]string, []any) {
 	}
 	args := make([]any, lua.ArgRules, lua.ArgRules+len(rules)*(lua.RuleArgs+1+lua.KindArgs)+1)
 	args[lua.ArgClock-1], args[lua.ArgRules-1] = clock, len(rules)
+	nodeNow := clockOr(s.clock).Now().UnixMicro()
 	for _, r := range rules {
+		if r.alg == Quota { // the periods around this node's time (quota.go)
+			args = append(args, r.quotaArgs(nodeNow)...)
+			continue
+		}
 		args = append(args, r.scriptArgs()...)
 	}
 	for i := range rules {

@@ -17,8 +17,9 @@ import (
 // A client key, looked up and reset by an operator (support: "why is this
 // customer denied?"):
 //
-//	GET    /rate_limit/keys/<zone>/<key>   the key's state in the zone
-//	DELETE /rate_limit/keys/<zone>/<key>   resets it across the fleet
+//	GET    /rate_limit/keys/<zone>/<key>   the key's state in the zone (and its quota)
+//	DELETE /rate_limit/keys/<zone>/<key>   resets it across the fleet (not the quota:
+//	                                       name <zone>.quota to reset that)
 //	GET, DELETE /rate_limit/keys?zone=Z&key=K   the same (the dashboard's form)
 //
 // The key is the raw value a client sent (normalised as the zone
@@ -55,6 +56,8 @@ type keysBody struct {
 
 // keyJSON is one client key's state in a zone on one store.
 type keyJSON struct {
+	// Zone is the zone: the one looked in, or its quota (<zone>.quota).
+	Zone  string `json:"zone"`
 	Store string `json:"store"`
 	// KeyDigest is the bucket key's digest (as logs, the feed and the bans
 	// show it); Key the bucket key itself, only with log_key.
@@ -125,11 +128,16 @@ type quotaJSON struct {
 	Resets time.Time `json:"resets"`
 }
 
-// quotaOf is the hook of quotas in a key's lookup: for a rule whose
-// algorithm is a quota, the quota used in the current period, which ends
-// when the bucket is full again; nil for the other algorithms.
+// quotaSuffix ends the name of a zone's quota when the zone has a rate
+// too: the quota is a zone of its own (see the handler's Zone.Quota),
+// which a lookup of its zone shows beside it.
+const quotaSuffix = ".quota"
+
+// quotaOf is a key's use of a quota, for a rule whose algorithm is a
+// quota: what it used of it in the current period, which ends when the
+// bucket is full again; nil for the other algorithms.
 func quotaOf(st *limiter.KeyState) *quotaJSON {
-	if st.Rule.Algorithm().String() != "quota" {
+	if st.Rule.Algorithm() != limiter.Quota {
 		return nil
 	}
 	return &quotaJSON{Used: max(0, st.Rule.Rate()-st.Remaining), Limit: st.Rule.Rate(), Resets: st.At.Add(st.ResetAfter)}
@@ -284,6 +292,9 @@ func (i *zoneInfo) keyRules() ([]*limiter.Rule, bool) {
 // refOf describes a rule, as a tier of the zone when tier.
 func refOf(r *limiter.Rule, tier bool) ruleRef {
 	ref := ruleRef{Algorithm: r.Algorithm().String(), Rate: r.Rate(), Per: r.Per().String(), Burst: r.Burst()}
+	if r.Algorithm() == limiter.Quota {
+		ref.Per = r.QuotaPeriod().String() + " " + r.Location().String()
+	}
 	if tier {
 		ref.Tier = "rate " + strconv.FormatInt(r.Rate(), 10) + " per " + ref.Per + ", burst " + strconv.FormatInt(r.Burst(), 10)
 	}
@@ -297,6 +308,9 @@ func lookUpKey(ctx context.Context, now time.Time, zone, target string, in scope
 	if len(zones) == 0 {
 		return nil, http.StatusNotFound, noKeyZone(zone, in)
 	}
+	if !strings.HasSuffix(zone, quotaSuffix) {
+		zones = append(zones, keyZones(zone+quotaSuffix, in)...) // its quota, if any
+	}
 	out := &keysBody{Node: nodeID, Time: now, Zone: zone, Stores: []storeSource{}, Keys: []keyJSON{}}
 	for i := range zones {
 		z := &zones[i]
@@ -304,11 +318,12 @@ func lookUpKey(ctx context.Context, now time.Time, zone, target string, in scope
 		if z.stats.store.redis != nil {
 			src.Source = "fleet"
 		}
+		seenStore := slices.ContainsFunc(out.Stores, func(s storeSource) bool { return s.Name == src.Name })
 		cands, note := z.candidates(ctx, target)
 		out.Note = cmpOr(out.Note, note)
 		rules, tiers := z.info.keyRules()
 		for _, c := range cands {
-			k := keyJSON{Store: src.Name, KeyDigest: z.info.digest.Digest(c.key), Alternative: c.alt, Rules: []keyRuleJSON{}}
+			k := keyJSON{Zone: z.stats.name, Store: src.Name, KeyDigest: z.info.digest.Digest(c.key), Alternative: c.alt, Rules: []keyRuleJSON{}}
 			if z.info.logKey {
 				k.Key = c.key
 			}
@@ -337,7 +352,9 @@ func lookUpKey(ctx context.Context, now time.Time, zone, target string, in scope
 			}
 			out.Keys = append(out.Keys, k)
 		}
-		out.Stores = append(out.Stores, src)
+		if !seenStore {
+			out.Stores = append(out.Stores, src)
+		}
 	}
 	return out, 0, nil
 }
@@ -348,9 +365,13 @@ func keyRuleOf(st *limiter.KeyState, tier bool) keyRuleJSON {
 		ruleRef: refOf(st.Rule, tier), Remaining: st.Remaining, Full: st.ResetAfter <= 0,
 		ResetSeconds: retryAfterSeconds(st.ResetAfter), Reset: st.At.Add(st.ResetAfter), Quota: quotaOf(st),
 	}
-	if st.Rule.Algorithm() == limiter.Concurrency {
+	switch st.Rule.Algorithm() {
+	case limiter.Concurrency:
 		slots := st.Slots
 		j.SlotsHeld, j.Full = &slots, slots == 0
+	case limiter.Quota:
+		// A period always has its end ahead: full is nothing used.
+		j.Full = st.Remaining >= st.Rule.Rate()
 	}
 	return j
 }

@@ -26,6 +26,7 @@ type keyLookup struct {
 		Store       string `json:"store"`
 		KeyDigest   string `json:"key_digest"`
 		Key         string `json:"key"`
+		Zone        string `json:"zone"`
 		Alternative int    `json:"alternative"`
 		Error       string `json:"error"`
 		Ban         *struct {
@@ -47,6 +48,10 @@ type keyLookup struct {
 			ResetSeconds int64     `json:"reset_seconds"`
 			Reset        time.Time `json:"reset"`
 			SlotsHeld    *int64    `json:"slots_held"`
+			Quota        *struct {
+				Used  int64 `json:"used"`
+				Limit int64 `json:"limit"`
+			} `json:"quota"`
 		} `json:"rules"`
 	} `json:"keys"`
 }
@@ -239,7 +244,7 @@ func resetThroughOneNode(t *testing.T, nodes []*node) {
 
 // keyMemorySite has, on the memory store, a zone of two key alternatives
 // with a ban and log_key, a zone whose rate comes from a header (tiers),
-// and a concurrency zone.
+// and a zone of a rate and a monthly quota.
 const keyMemorySite = `
 	rate_limit {
 		key_digest_secret %s
@@ -253,6 +258,11 @@ const keyMemorySite = `
 		zone tiered {
 			key {header.X-Key} {header.X-User}
 			rate {header.X-Rate} 1h
+		}
+		zone plan {
+			key {header.X-Key}
+			rate 100 1h
+			quota 1000 per month tz Europe/Berlin
 		}
 	}
 	handle_errors 429 {
@@ -296,6 +306,13 @@ func TestKeyLookupMemory(t *testing.T) {
 	}
 	if lr := tl.Keys[0].LastRule; lr == nil || lr.Rate != 50 || lr.Tier == "" {
 		t.Errorf("the tiered zone's last rule: want the tier of rate 50, the last request's:\n%s", body)
+	}
+
+	// A zone's quota is shown beside it: what the key used this month.
+	pl, body := n.lookUp("plan", key)
+	if len(pl.Keys) != 2 || pl.Keys[1].Zone != "plan.quota" || pl.Keys[1].Rules[0].Quota == nil ||
+		pl.Keys[1].Rules[0].Quota.Used != 3 || pl.Keys[1].Rules[0].Quota.Limit != 1000 || pl.Keys[0].Rules[0].Remaining != 97 {
+		t.Errorf("the plan zone: want its rate (97 left) and its quota (3 of 1000 used):\n%s", body)
 	}
 
 	res, body := n.resetKeyOn("api", key)

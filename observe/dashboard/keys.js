@@ -32,6 +32,7 @@
   if (anchor) anchor.before(section); else document.body.append(section);
 
   function fmtRule(r) {
+    if (r.quota) return `quota ${r.quota.used} of ${r.rate} per ${r.per}`;
     return r.tier ? r.tier : `${r.algorithm} ${r.rate}/${r.per}, burst ${r.burst}`;
   }
 
@@ -39,7 +40,8 @@
     note.textContent = body.note || body.stores.filter(s => s.error).map(s => `${s.name}: ${s.error}`).join(" · ");
     const list = [];
     for (const k of body.keys) {
-      const name = (k.key || k.key_digest) + (k.alternative > 1 ? ` (alternative ${k.alternative})` : "");
+      const name = (k.zone !== body.zone ? k.zone + ": " : "") + (k.key || k.key_digest) +
+        (k.alternative > 1 ? ` (alternative ${k.alternative})` : "");
       const ban = k.ban ? `until ${new Date(k.ban.until).toLocaleTimeString()} (${k.ban.seconds_left} s)` :
         (k.denials_towards_ban ? `${k.denials_towards_ban} denials counted` : "none");
       const last = k.last_rule ? fmtRule(k.last_rule) : "unknown here";
