@@ -69,6 +69,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        ban <duration> after <n> in <window>
 //	        dry_run
 //	        prefetch <n> [<max_hold>]        # token_bucket, fixed_window: hot keys
+//	        soft_shed <percent> [<max_delay>] # token_bucket: delay past percent of the burst
 //	        max_delay <duration>
 //	        max_waiting <n>
 //	        window <duration>  events <n>    # caddy-ratelimit's form
@@ -464,7 +465,7 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt", "quota"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt", "quota", "soft_shed"}
 	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease", "prefetch"}
 )
 
@@ -535,6 +536,8 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		return z.unmarshalPrefetch(d)
 	case "quota":
 		return z.unmarshalQuota(d)
+	case "soft_shed":
+		return z.unmarshalSoftShed(d) // softshed.go
 	case "dry_run":
 		if d.NextArg() {
 			return d.ArgErr()

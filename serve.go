@@ -334,16 +334,17 @@ func (h *Handler) keyField(key string) zap.Field {
 const hdrDelay = "X-Ratelimit-Delay"
 
 // errClientGone ends a request whose client left while it waited for its
-// turn in a leaky bucket.
+// turn in a leaky bucket, or for a soft shed's delay.
 var errClientGone = errors.New("client went away while waiting for its turn")
 
-// delayOf returns the leaky bucket zone that delays an admitted request
-// longest, and its delay; nil when none delays it.
+// delayOf returns the zone (a leaky bucket, or a token bucket that sheds
+// softly) that delays an admitted request longest, and its delay; nil when
+// none delays it.
 func delayOf(ds []zoneDecision) (*Zone, time.Duration) {
 	var delay time.Duration
 	var zone *Zone
 	for i := range ds {
-		if ds[i].res.Delay > delay && ds[i].zone.room != nil {
+		if ds[i].res.Delay > delay && ds[i].zone.room != nil && !shedOnlyCounted(&ds[i]) {
 			delay, zone = ds[i].res.Delay, ds[i].zone
 		}
 	}
@@ -351,7 +352,9 @@ func delayOf(ds []zoneDecision) (*Zone, time.Duration) {
 }
 
 // wait holds an admitted request for its turn when a leaky bucket zone
-// delayed it, and releases it early if the client goes away.
+// delayed it (or for its delay, when a zone sheds softly), and releases it
+// early if the client goes away: it keeps its charge, unless a
+// count_status zone does not count its 499 (see ServeHTTP).
 func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision) error {
 	zone, delay := delayOf(ds)
 	if zone == nil {

@@ -113,7 +113,7 @@ func zoneSetting(i int) string { return "zones." + strconv.Itoa(i) }
 
 // validatePolicies checks the settings that depend on the algorithm: the
 // limit in its forms, placeholders, concurrency's limit and lease,
-// reserve, count_status and ban.
+// soft_shed, reserve, count_status and ban.
 func (z *Zone) validatePolicies() error {
 	alg, err := limiter.ParseAlgorithm(z.Algorithm)
 	if err != nil {
@@ -129,8 +129,8 @@ func (z *Zone) validatePolicies() error {
 		return inSetting("lease", limiter.ErrLeaseNotApplicable)
 	case z.MaxWaiting < 0:
 		return inSetting("max_waiting", errors.New("max_waiting must not be negative"))
-	case z.MaxWaiting != 0 && alg != limiter.LeakyBucket:
-		return inSetting("max_waiting", errors.New("max_waiting applies to leaky_bucket only"))
+	case z.MaxWaiting != 0 && alg != limiter.LeakyBucket && z.SoftShed == 0:
+		return inSetting("max_waiting", errors.New("max_waiting applies to leaky_bucket and soft_shed zones only"))
 	case z.Rate == 0 && z.RatePlaceholder == "" && z.Events == 0 && z.Window == 0 && !z.hasQuota():
 		return inSetting("rate", errors.New("rate is required: a rate per period (or a window and its events)"))
 	case z.Rate != 0 && z.RatePlaceholder != "":
@@ -152,6 +152,9 @@ func (z *Zone) validatePolicies() error {
 		if err := checkPlaceholders(p.expr); err != nil {
 			return inSetting(p.setting, fmt.Errorf("%s %q is not a valid placeholder expression: %w", p.setting, p.expr, err))
 		}
+	}
+	if err := z.validateSoftShed(alg); err != nil { // softshed.go
+		return err
 	}
 	if z.Reserve != "" {
 		if err := checkReserve(z.Reserve); err != nil {
@@ -188,6 +191,8 @@ func (z *Zone) validateConcurrency() error {
 		return inSetting("reserve", errors.New("reserve applies to the rate algorithms, not concurrency"))
 	case len(z.CountStatus) > 0:
 		return inSetting("count_status", errors.New("count_status does not apply to concurrency: a slot is always given back"))
+	case z.SoftShed != 0 || z.SoftShedMaxDelay != 0:
+		return inSetting("soft_shed", errSoftShedAlgorithm)
 	case z.Lease != 0 && (z.Lease < caddy.Duration(time.Millisecond) || z.Lease%caddy.Duration(time.Millisecond) != 0):
 		return inSetting("lease", limiter.ErrBadLease)
 	}

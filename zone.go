@@ -151,11 +151,27 @@ type Zone struct {
 	// as long as the queue (Burst) takes to drain if that is shorter.
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
-	// MaxWaiting is, for a leaky bucket, how many of the zone's requests
-	// this node holds waiting for their turn at once; a request that
-	// would wait beyond it is answered 429, with Retry-After its wait,
-	// and charged nothing. Default: 1024.
+	// MaxWaiting is, for a leaky bucket or a soft-shedding token bucket,
+	// how many of the zone's requests this node holds waiting at once
+	// (for their turn, or their soft shed delay); a request that would
+	// wait beyond it is answered 429, with Retry-After its wait, and
+	// charged nothing. Default: 1024.
 	MaxWaiting int64 `json:"max_waiting,omitempty"`
+
+	// SoftShed delays, rather than denies, a key that has used more than
+	// this share of its burst, a whole percentage from 1 to 99: each
+	// request the zone admits past that point waits before it is passed
+	// on, in proportion to how far past it the request left the bucket,
+	// up to SoftShedMaxDelay for the request that takes the last token. A
+	// key that slows down is never denied; one that does not is denied as
+	// before, and the zone never admits more than without it. Token
+	// bucket only. Default: none.
+	SoftShed int64 `json:"soft_shed,omitempty"`
+
+	// SoftShedMaxDelay is the longest a soft-shedding zone delays a
+	// request (the request that takes the last token of the burst): at
+	// most 1h. Default: 1s.
+	SoftShedMaxDelay caddy.Duration `json:"soft_shed_max_delay,omitempty"`
 
 	// Window is mholt/caddy-ratelimit's form of the period: at most
 	// Events in any Window (a sliding log unless Algorithm says
@@ -258,7 +274,7 @@ type Zone struct {
 	errBanned   error
 	errBadCost  error
 	errWaiting  error         // the wait room is full
-	room        *waitRoom     // leaky bucket: the requests waiting their turn
+	room        *waitRoom     // leaky bucket, soft shed: the requests waiting
 	obs         *observe.Zone // placeholders and stats
 	quotaOf     *Zone         // the zone whose quota this zone is (quota.go); nil for a configured zone
 }
@@ -385,7 +401,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.errNever = fmt.Errorf("request cost exceeds the burst of zone %q", z.Name)
 	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
 	z.errWaiting = fmt.Errorf("too many requests waiting for their turn in zone %q", z.Name)
-	if rule.Algorithm() == limiter.LeakyBucket {
+	if rule.Algorithm() == limiter.LeakyBucket || z.SoftShed > 0 {
 		z.room = &waitRoom{max: cmp.Or(z.MaxWaiting, DefaultMaxWaiting)}
 	}
 	return nil

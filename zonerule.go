@@ -57,6 +57,9 @@ func (z *Zone) compileRule(rate, burst int64) (*limiter.Rule, error) {
 
 		Prefetch:     z.Prefetch,
 		PrefetchHold: time.Duration(z.PrefetchHold),
+
+		SoftShed:         z.SoftShed,
+		SoftShedMaxDelay: time.Duration(z.SoftShedMaxDelay),
 	})
 }
 

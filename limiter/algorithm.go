@@ -206,6 +206,11 @@ type verdict struct {
 	// (after already counts them; see prefetch.go).
 	spares int64
 
+	// delay is, for an admitted request of a soft-shedding token bucket,
+	// how long it waits before it is passed on, in microseconds
+	// (softshed.go).
+	delay int64
+
 	// res is the reserve the request must leave (see Rule.reserveUnits).
 	res int64
 

@@ -14,7 +14,9 @@ import (
 
 // FuzzRedisMatchesMemory draws a rule of each of the five rate algorithms
 // and the quota from extreme rates, bursts and periods (a quota: its
-// calendar period and time zone from perMS), and replays a short trace of
+// calendar period and time zone from perMS; a token bucket also sheds
+// softly, from 0 to 99% with a max delay of 1us to 1h, drawn from the seed
+// and the rate), and replays a short trace of
 // extreme costs, reserves and clock steps (from a start anywhere in 35
 // years) through the Redis script and the memory store: every decision
 // and field is the same. `go test` runs the seeds below; `go test -fuzz
@@ -62,6 +64,15 @@ func FuzzRedisMatchesMemory(f *testing.F) {
 				t.Fatal(err)
 			}
 			cfg.Per, cfg.Burst, cfg.Period, cfg.Location = 0, 0, Day+Period(uint64(perMS)%3), loc
+		}
+		if a == TokenBucket {
+			// Soft shed, from the seed and the rate: the fuzzer's
+			// arguments and the trace's draws stay what they were.
+			cfg.SoftShed = int64((seed*37 + uint64(rate)) % 100)
+			cfg.SoftShedMaxDelay = []time.Duration{0, time.Microsecond, MaxSoftShedDelay, 37 * time.Millisecond}[seed%4]
+			if cfg.SoftShed == 0 {
+				cfg.SoftShedMaxDelay = 0
+			}
 		}
 		r, err := NewRule(cfg)
 		if err != nil || (a == SlidingLog && r.rate > 10_000) {

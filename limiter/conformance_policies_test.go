@@ -45,7 +45,7 @@ func TestPoliciesRedisMatchesMemory(t *testing.T) {
 
 // policyRules returns the zones of the policy traces: every algorithm,
 // some with bans, some dry runs (one with a ban), some whose charges are
-// refunded. Windows last at least 2s (the sliding log) or 10s (the
+// refunded, some that shed softly (with prefetch, and in a dry run). Windows last at least 2s (the sliding log) or 10s (the
 // counters, whose state carries the window's index modulo 1024: 1024
 // windows must outlast the run); concurrency leases outlast the longest
 // wait of a release in the trace, so that no slot expires in Redis while
@@ -54,10 +54,10 @@ func policyRules(t testing.TB) []*Rule {
 	ban := Ban{Duration: 30 * time.Second, After: 3, Window: 10 * time.Second}
 	lease := 10 * time.Minute
 	return []*Rule{
-		mustConfig(t, RuleConfig{Name: "tb", Rate: 3, Per: time.Second, Burst: 3}),
+		mustConfig(t, RuleConfig{Name: "tb", Rate: 3, Per: time.Second, Burst: 3, SoftShed: 60, SoftShedMaxDelay: 300 * time.Millisecond}),
 		mustConfig(t, RuleConfig{Name: "tbr", Rate: 10, Per: time.Minute, Refunds: true}),
 		mustConfig(t, RuleConfig{Name: "tbban", Rate: 2, Per: time.Second, Burst: 2, Ban: ban}),
-		mustConfig(t, RuleConfig{Name: "tbdry", Rate: 1, Per: 2 * time.Second, DryRun: true,
+		mustConfig(t, RuleConfig{Name: "tbdry", Rate: 1, Per: 2 * time.Second, DryRun: true, SoftShed: 30,
 			Ban: Ban{Duration: 30 * time.Second, After: 2, Window: 10 * time.Second}}),
 		mustConfig(t, RuleConfig{Name: "lb", Algorithm: LeakyBucket, Rate: 5, Per: time.Second, Burst: 4, Refunds: true}),
 		mustConfig(t, RuleConfig{Name: "lbban", Algorithm: LeakyBucket, Rate: 3, Per: time.Second, Burst: 10,
@@ -72,7 +72,7 @@ func policyRules(t testing.TB) []*Rule {
 		mustConfig(t, RuleConfig{Name: "cc", Algorithm: Concurrency, Rate: 3, Lease: lease}),
 		mustConfig(t, RuleConfig{Name: "ccban", Algorithm: Concurrency, Rate: 2, Lease: lease, Ban: ban}),
 		mustConfig(t, RuleConfig{Name: "ccdry", Algorithm: Concurrency, Rate: 1, Lease: lease, DryRun: true}),
-		mustConfig(t, RuleConfig{Name: "tbpf", Rate: 20, Per: time.Second, Burst: 20, Prefetch: 8}),
+		mustConfig(t, RuleConfig{Name: "tbpf", Rate: 20, Per: time.Second, Burst: 20, Prefetch: 8, SoftShed: 50}),
 		mustConfig(t, RuleConfig{Name: "fwpf", Algorithm: FixedWindow, Rate: 30, Per: 10 * time.Second, Prefetch: 6, Refunds: true}),
 	}
 }
@@ -101,6 +101,10 @@ type policyTrace struct {
 	slots   int // concurrency slots named so far
 	pending []pendingRefund
 	counts  map[string]int
+	// began is when (wall time) the current decision's step began: the
+	// simulated clock has not caught up with the real time since, which a
+	// busy machine may stretch (see compareBuckets).
+	began time.Time
 }
 
 // newPolicyTrace returns a trace over rules and client keys, drawn from
@@ -125,7 +129,7 @@ func (p *policyTrace) run(decisions int) {
 		// clock still counts.
 		wall := time.Now()
 		p.clk.add(2*int64(wall.Sub(prevWall)/time.Microsecond) + 5000)
-		prevWall = wall
+		prevWall, p.began = wall, wall
 		p.step()
 		p.refundDue(ctx, n)
 		reqs := p.request()
@@ -291,6 +295,9 @@ func (p *policyTrace) count(reqs []Request, ok bool, got []Result) {
 		case res.Allowed && ok && q.Reserve > 0:
 			p.counts["admitted with a reserve"]++
 		}
+		if res.Allowed && ok && res.Delay > 0 && q.Rule.shedMaxUS > 0 {
+			p.counts["soft shed delays"]++
+		}
 		if q.Rule.alg == Concurrency && !res.Banned {
 			if res.Allowed && ok {
 				p.counts["concurrency admitted"]++
@@ -307,7 +314,7 @@ func (p *policyTrace) requireCoverage() {
 	p.t.Logf("covered: %v", p.counts)
 	need := []string{"bans started", "banned", "dry-run denials", "dry-run bans started", "never",
 		"denied with a reserve", "admitted with a reserve", "concurrency admitted", "concurrency denied",
-		"refunds", "slots released", "window refunds", "window refunds after the window turned"}
+		"refunds", "slots released", "window refunds", "window refunds after the window turned", "soft shed delays"}
 	if p.rs.cluster {
 		need = append(need, "requests on several slots", "requests on several slots denied")
 	}
@@ -325,12 +332,17 @@ func (p *policyTrace) requireCoverage() {
 // The values themselves may differ where they mean the same (a Cluster's
 // charge and refund rewrite a window state in the current window's form).
 // A Redis key whose TTL ran out in the real time since sent (the store's
-// call) may be gone while the memory store's bucket still counts for the
-// few milliseconds that TTLs round away.
+// call), or since the step began (real time that the simulated clock has
+// not caught up with yet, when the machine is busy), may be gone while the
+// memory store's bucket still counts for the few milliseconds that TTLs
+// round away.
 func (p *policyTrace) compareBuckets(n int, reqs []Request, sent time.Time) {
 	t := p.t
 	t.Helper()
 	now := p.clk.now()
+	if !p.began.IsZero() && p.began.Before(sent) {
+		sent = p.began
+	}
 	slack := int64(time.Since(sent)/time.Microsecond) + 2000
 	for _, q := range reqs {
 		r := q.Rule

@@ -63,8 +63,10 @@ type Result struct {
 	// ResetAfter is how long until the bucket is full again (the window
 	// algorithms: until the requests counted now no longer count).
 	ResetAfter time.Duration
-	// Delay is how long an admitted request must wait before it proceeds
-	// (leaky bucket only: its turn in the queue).
+	// Delay is how long an admitted request must wait before it proceeds:
+	// a leaky bucket's turn in the queue, or a soft-shedding token
+	// bucket's delay (see RuleConfig.SoftShed; a dry-run zone reports
+	// the delay it would ask, for the caller to count, not to wait).
 	Delay time.Duration
 	// Period is, for a quota, the length of the calendar period the
 	// decision fell in (a month of 31 days, a day of 23 hours); 0 for

@@ -82,7 +82,8 @@ func (r *Rule) setFailurePolicy(p Policy, fleetSize int64) error {
 }
 
 // localRule builds the rule of a local bucket for a fleet of n nodes. It
-// is a dry run when the zone is, and bans as the zone does.
+// is a dry run when the zone is, and bans and sheds softly as the zone
+// does.
 func (r *Rule) localRule(n int64) (*Rule, error) {
 	// Buckets: the same tokens over a period n times longer.
 	// Windows: the window stays, the count is divided.
@@ -107,6 +108,11 @@ func (r *Rule) localRule(n int64) (*Rule, error) {
 		return nil, err
 	}
 	local.dryRun = r.dryRun
+	// The fallback bucket sheds softly as the zone does, from its own
+	// (divided) burst.
+	if err := local.setSoftShed(r.shedPct, us(r.shedMaxUS)); err != nil {
+		return nil, err
+	}
 	// A key that offends on this node's buckets is banned here, for the
 	// zone's time: an outage is no amnesty. (Bans this node learned from
 	// Redis before it went away stay in its deny cache.)

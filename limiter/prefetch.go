@@ -188,7 +188,8 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 				sp.n -= q.Cost
 				sp.remaining -= q.Cost
 				local[i] = true
-				results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at}
+				results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at,
+					Delay: q.Rule.shedDelayLeft(sp.remaining, q.Cost)} // softshed.go
 				covered++
 				continue
 			}

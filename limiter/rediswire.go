@@ -201,12 +201,12 @@ func decodeReplyAs(reply []any, reqs []Request, results []Result, charged bool) 
 }
 
 // zoneReply is a zone's values in the decide script's reply, at
-// lua.ReplyFlag-1 to lua.ReplyR3-1.
+// lua.ReplyFlag-1 to lua.ReplyDelay-1.
 type zoneReply [lua.ReplyZone]int64
 
-// scriptArgs returns the rule's algorithm, four parameters, flags, ban and
-// prefetch as the Redis scripts take them (lua.RuleAlg …), boxed once (a
-// request adds its cost and aux).
+// scriptArgs returns the rule's algorithm, four parameters, flags, ban,
+// prefetch and soft shed as the Redis scripts take them (lua.RuleAlg …),
+// boxed once (a request adds its cost and aux).
 func (r *Rule) scriptArgs() []any {
 	r.argsOnce.Do(func() {
 		p := r.scriptParams()
@@ -220,6 +220,7 @@ func (r *Rule) scriptArgs() []any {
 		a[lua.RuleFlags] = flags
 		a[lua.RuleBan], a[lua.RuleBanDenials], a[lua.RuleBanWindow] = r.banUS, r.banAfter, r.banWindowUS
 		a[lua.RulePrefetch] = r.prefetch
+		a[lua.RuleShedAt], a[lua.RuleShedDelay] = r.shedAt, r.shedMaxUS
 		r.args = a[1:]
 	})
 	return r.args
@@ -242,9 +243,9 @@ func (r *Rule) scriptParams() [4]int64 {
 
 // fromReply rebuilds a verdict from a zone's values in the script's reply:
 // its flag (lua.FlagAdmit …, plus lua.FlagBanStarted when the denial
-// started a ban) and three that depend on the algorithm (banned: the ban's
-// microseconds left and its denials). res is the reserve the request had
-// to leave.
+// started a ban), three that depend on the algorithm (banned: the ban's
+// microseconds left and its denials) and an admitted request's delay (a
+// token bucket's soft shed). res is the reserve the request had to leave.
 func (r *Rule) fromReply(z zoneReply, res int64) verdict {
 	flag, r1, r2, r3 := z[lua.ReplyFlag-1], z[lua.ReplyR1-1], z[lua.ReplyR2-1], z[lua.ReplyR3-1]
 	started := flag >= lua.FlagBanStarted
@@ -270,7 +271,7 @@ func (r *Rule) fromReply(z zoneReply, res int64) verdict {
 	default:
 		v.debt, v.after = r1, r2
 		if r.alg == TokenBucket {
-			v.spares = r3
+			v.spares, v.delay = r3, z[lua.ReplyDelay-1]
 		}
 	}
 	return v

@@ -81,6 +81,11 @@ type Rule struct {
 	// spares; 0: none), kept at most prefetchHold (prefetch.go).
 	prefetch     int64
 	prefetchHold time.Duration
+	// shedPct is the soft shed's threshold in percent of the burst (0:
+	// none), shedAt the same as a debt in ticks, shedMaxUS its longest
+	// delay, and shedUnit and shedSteps the band's steps (softshed.go).
+	shedPct, shedAt, shedMaxUS int64
+	shedUnit, shedSteps        int64
 	// ban bans a key that the zone denied ban.After times in ban.Window,
 	// for ban.Duration (zero: no bans); the same in microseconds.
 	ban                          Ban
@@ -149,6 +154,16 @@ type RuleConfig struct {
 	// PrefetchHold is the longest a node keeps unused spares before it
 	// gives them back. Default 100ms.
 	PrefetchHold time.Duration
+	// SoftShed delays, rather than denies, a key that has used more
+	// than this share of its burst, in percent (1 to 99): each request
+	// the zone admits past it waits in proportion to how far past it the
+	// request left the bucket, up to SoftShedMaxDelay when it took the
+	// last token (see softshed.go). Token bucket only. Default 0: none.
+	SoftShed int64
+	// SoftShedMaxDelay is the longest a soft-shedding zone delays a
+	// request: from 1us to MaxSoftShedDelay. Default
+	// DefaultSoftShedMaxDelay (1s).
+	SoftShedMaxDelay time.Duration
 	// Refunds says that the zone's charges may be given back
 	// (Limiter.Refund; count_status). A deny cache then holds none of its
 	// buckets: another node's refund can make a bucket fuller than the
@@ -210,7 +225,8 @@ func (b Ban) enabled() bool { return b.Duration > 0 }
 // NewRule validates and compiles a zone's rule: its limit (see
 // compileRule) and its failure policy, with the fallback rule of
 // PolicyLocal. Errors are the sentinel errors above, ErrWindowLimit,
-// ErrWindowLength, ErrMaxDelay and ErrBadFleetSize, some with details.
+// ErrWindowLength, ErrMaxDelay, ErrBadFleetSize, the prefetch's and the
+// soft shed's, some with details.
 func NewRule(cfg RuleConfig) (*Rule, error) {
 	switch {
 	case cfg.Burst != 0 && cfg.Algorithm.windowed():
@@ -233,6 +249,9 @@ func NewRule(cfg RuleConfig) (*Rule, error) {
 	}
 	r.dryRun, r.refunds = cfg.DryRun, cfg.Refunds
 	if err := r.setPrefetch(cfg.Prefetch, cfg.PrefetchHold); err != nil {
+		return nil, err
+	}
+	if err := r.setSoftShed(cfg.SoftShed, cfg.SoftShedMaxDelay); err != nil {
 		return nil, err
 	}
 	if err := r.setFailurePolicy(cfg.OnError, cfg.FleetSize); err != nil {

@@ -33,7 +33,11 @@ func (r *Rule) tbCheck(s State, now, cost, res int64) verdict {
 		return verdict{debt: d, after: d, never: true}
 	}
 	after := d + cost*r.interval
-	return verdict{debt: d, after: after, ok: after+res <= r.capacity}
+	v := verdict{debt: d, after: after, ok: after+res <= r.capacity}
+	if v.ok && r.shedMaxUS > 0 {
+		v.delay = r.shedDelay(after, cost) // softshed.go
+	}
+	return v
 }
 
 // debt returns how many ticks the bucket in state s owes at microsecond now,
@@ -69,6 +73,7 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 			Allowed:    true,
 			Remaining:  (r.capacity-v.after)/r.interval + v.spares,
 			ResetAfter: r.micros(v.after),
+			Delay:      us(v.delay),
 			owed:       v.after,
 			spares:     v.spares,
 		}

@@ -18,9 +18,12 @@
 --                  its algorithm (R_ALG), four parameters p1..p4 (R_P1 ..
 --                  R_P4), its flags (R_FLAGS: F_DRY_RUN), its ban
 --                  (R_BAN: duration in us, 0 for none; R_BAN_DENIALS;
---                  R_BAN_WINDOW in us), and its prefetch (R_PREFETCH: the
+--                  R_BAN_WINDOW in us), its prefetch (R_PREFETCH: the
 --                  most tokens an admitted request may take, its cost and
---                  spares; token bucket and fixed window, 0 for none)
+--                  spares; token bucket and fixed window, 0 for none), and
+--                  its soft shed (token bucket: R_SHED_AT, the debt in
+--                  ticks past which an admitted request is delayed, and
+--                  R_SHED_DELAY, the longest delay in us, 0 for none)
 -- then per request one argument per zone, in order: the zone's bucket
 --                  (ki, its index in KEYS), kind (k, see below) and
 --                  whether it is the request's last zone, as one number
@@ -40,8 +43,10 @@
 --
 -- Returns, request after request, {the time (us) if the request is
 -- admitted, minus the time if it is denied, then ZONE_REPLY numbers per
--- zone: its flag (Z_FLAG) and three the zone's algorithm reports (Z_R1 ..
--- Z_R3)}, all in one flat array. The flag is ADMIT, DENY, NEVER (no wait
+-- zone: its flag (Z_FLAG), three the zone's algorithm reports (Z_R1 ..
+-- Z_R3) and the delay (Z_DELAY, us) an admitted request waits before it
+-- is passed on (a token bucket's soft shed; else 0)}, all in one flat
+-- array. The flag is ADMIT, DENY, NEVER (no wait
 -- makes the request admissible) or BANNED (r1 the microseconds the ban has
 -- left, r2 its denials), plus BAN_STARTED when this denial started a ban.
 -- A request whose commands fail (a key of the wrong type, say) gets its
@@ -99,7 +104,7 @@ local function one(n, o)
     local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
     local alg, p1, p2, p3, p4 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3], rule[R_P4]
     local key = KEYS[ki]
-    local flag, r1, r2, r3 = DENY, 0, 0, 0
+    local flag, r1, r2, r3, r4 = DENY, 0, 0, 0, 0
     local left, bn
     if rule[R_BAN] > 0 then left, bn = banned(key) end
     if left then
@@ -110,7 +115,7 @@ local function one(n, o)
     end
     if flag ~= ADMIT and rule[R_FLAGS] % (2 * F_DRY_RUN) < F_DRY_RUN then reply[o] = -now end
     local c = o + i * ZONE_REPLY -- zone i's values are reply[c + Z_FLAG] ..
-    reply[c + Z_FLAG], reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3] = flag, r1, r2, r3
+    reply[c + Z_FLAG], reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3], reply[c + Z_DELAY] = flag, r1, r2, r3, r4
     if n == 1 then
       -- A request of one zone (most are) is charged here, with what the
       -- check left at hand: the loop below would look it all up again.

@@ -7,7 +7,7 @@
 // (decides one zone: reads key, the bucket's name, and ki, its index in
 // KEYS for the prelude's get and put, p1..p4, cost, aux (as sent), auxn
 // (aux as a number, 0 if it is none), rule (the rule's arguments) and now;
-// sets flag, r1, r2, r3), "--@commit" (charges an admitted request: reads
+// sets flag, r1, r2, r3, and r4, an admitted request's delay), "--@commit" (charges an admitted request: reads
 // the same and r1..r3, and may change what the reply reports from
 // reply[c + Z_FLAG] on), "--@refund" (gives a charge back) and "--@peek"
 // (reads what check reads, writing nothing; an algorithm whose check writes

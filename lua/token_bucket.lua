@@ -4,8 +4,11 @@
 -- plus the sub-microsecond ticks. A missing key is a full bucket; each key
 -- expires when its bucket is full again. See limiter/tokenbucket.go.
 --
--- Parameters: p1 denom, p2 interval, p3 burst; aux the reserve (ticks).
--- Reports: flag, debt before the request (ticks), debt after it, 0.
+-- Parameters: p1 denom, p2 interval, p3 burst; aux the reserve (ticks);
+-- the rule's soft shed (R_SHED_AT, R_SHED_DELAY).
+-- Reports: flag, debt before the request (ticks), debt after it, the
+-- spares a prefetch took; and an admitted request's soft shed delay (us)
+-- as r4.
 
 --@helpers
 -- tb_debt returns the ticks the bucket owes at now, at most its capacity.
@@ -53,6 +56,15 @@ if cost > p3 or cost * p2 + res > cap then
 else
   r2 = r1 + cost * p2
   if r2 + res <= cap then flag = ADMIT else flag = DENY end
+  -- Soft shed: a request that leaves the debt past the threshold at waits
+  -- the longest delay times how far into the band from at to cap it
+  -- went, counted in at most SHED_STEPS steps of unit ticks and rounded
+  -- up (limiter/softshed.go): exact integers in doubles.
+  local at = rule[R_SHED_AT]
+  if flag == ADMIT and cost > 0 and r2 > at and rule[R_SHED_DELAY] > 0 then
+    local unit = ceil_div(cap - at, SHED_STEPS)
+    r4 = ceil_div(rule[R_SHED_DELAY] * ceil_div(r2 - at, unit), ceil_div(cap - at, unit))
+  end
 end
 
 --@commit

@@ -52,9 +52,21 @@ const (
 	// RulePrefetch is the most tokens an admitted request may take (its
 	// cost and spares; token bucket and fixed window), 0 for none.
 	RulePrefetch = 10
+	// RuleShedAt is a token bucket's soft shed threshold: the debt, in
+	// ticks, past which an admitted request is delayed.
+	RuleShedAt = 11
+	// RuleShedDelay is the soft shed's longest delay in microseconds, 0
+	// for no soft shedding.
+	RuleShedDelay = 12
 	// RuleArgs is how many arguments a rule has.
-	RuleArgs = 10
+	RuleArgs = 12
 )
+
+// ShedSteps is how many steps a soft shed's band (from its threshold to
+// an empty bucket) is cut into at most, so that its delay, the longest
+// delay times the steps past the threshold divided by the steps, stays an
+// exact integer in Lua's doubles (see limiter/softshed.go).
+const ShedSteps = 1 << 20
 
 // RuleDryRun is the flag (a bit of RuleFlags, the lowest) of a dry-run
 // rule: what it would deny does not deny the request.
@@ -129,8 +141,12 @@ const (
 	ReplyR1 = 2
 	ReplyR2 = 3
 	ReplyR3 = 4
+	// ReplyDelay is how long an admitted request waits before it is
+	// passed on, in microseconds: a token bucket's soft shed delay (0
+	// for the others, and for a request not admitted).
+	ReplyDelay = 5
 	// ReplyZone is how many values a zone has in the reply.
-	ReplyZone = 4
+	ReplyZone = 5
 )
 
 // ReplyLen returns how many values of the decide script's reply belong to
@@ -183,6 +199,9 @@ var names = []struct {
 	{"R_BAN_DENIALS", RuleBanDenials},
 	{"R_BAN_WINDOW", RuleBanWindow},
 	{"R_PREFETCH", RulePrefetch},
+	{"R_SHED_AT", RuleShedAt},
+	{"R_SHED_DELAY", RuleShedDelay},
+	{"SHED_STEPS", ShedSteps},
 	{"RULE_ARGS", RuleArgs},
 	{"F_DRY_RUN", RuleDryRun},
 	{"K_RULE", KindRule},
@@ -196,6 +215,7 @@ var names = []struct {
 	{"Z_R1", ReplyR1},
 	{"Z_R2", ReplyR2},
 	{"Z_R3", ReplyR3},
+	{"Z_DELAY", ReplyDelay},
 	{"ZONE_REPLY", ReplyZone},
 	{"P_BAN_LEFT", PeekBanLeft},
 	{"P_BAN_DENIALS", PeekBanDenials},

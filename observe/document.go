@@ -112,8 +112,12 @@ type statsZone struct {
 	Refunds        uint64 `json:"refunds"`
 	RefundsDropped uint64 `json:"refunds_dropped"`
 	// Queue is, for a leaky bucket, its requests waiting for their turn
-	// on this node; absent for the other algorithms.
+	// on this node (for a soft-shedding token bucket: for their delay);
+	// absent for the other zones.
 	Queue *statsQueue `json:"queue,omitempty"`
+	// SoftShed is, for a soft-shedding token bucket, its threshold and
+	// the requests it delayed (softshed.go); absent for the other zones.
+	SoftShed *statsSoftShed `json:"soft_shed,omitempty"`
 	// Prefetch is, for a zone with prefetch, what this node's prefetch
 	// did for it since the configuration loaded: requests admitted from
 	// spares or paced without the store, store decisions, spares taken
@@ -407,6 +411,7 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 			waiting, away := info.queue()
 			zj.Queue = &statsQueue{MaxDelay: info.maxDelay.String(), MaxWaiting: info.maxWait, Waiting: waiting, TurnedAway: away}
 		}
+		zj.SoftShed = z.softShedDocument(info) // softshed.go
 	}
 	store := z.store
 	zj.Store = store.name

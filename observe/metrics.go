@@ -29,6 +29,8 @@ import (
 //	caddy_rate_limit_clock_offset_seconds{store}           gauge
 //	caddy_rate_limit_refunds_total{zone,result}            counter
 //	caddy_rate_limit_near_limit_total{zone}                counter
+//	caddy_rate_limit_soft_shed_delayed_total{zone}         counter
+//	caddy_rate_limit_soft_shed_delay_seconds{zone}         histogram
 //	caddy_rate_limit_redis_memory_warning{store}           gauge
 //	caddy_rate_limit_redis_evicted_keys_total{store}       counter
 //
@@ -82,6 +84,8 @@ var metrics = struct {
 	evictions     *scrapeCollector
 	clockOffset   *scrapeCollector
 	nearLimit     *prometheus.CounterVec
+	shedDelayed   *prometheus.CounterVec   // softshed.go
+	shedDelay     *prometheus.HistogramVec // softshed.go
 	memoryWarning *scrapeCollector
 	redisEvicted  *scrapeCollector
 
@@ -125,6 +129,7 @@ func initMetrics() {
 		metrics.nearLimit = newCounterVec("near_limit_total",
 			"Requests the zone admitted that left its bucket less than 20% of its capacity (the burst; the limit of a window or a concurrency zone).",
 			"zone")
+		initShedMetrics() // softshed.go
 		metrics.memoryWarning = newScrapeCollector("redis_memory_warning",
 			"1 when Redis' memory set-up does not suit rate-limit buckets (no maxmemory, noeviction, allkeys-*; see the stats' memory.warning), else 0; absent until read, or when the ACL refuses INFO.",
 			"store", prometheus.GaugeValue, memoryWarnings)
@@ -153,7 +158,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits, metrics.refunds,
 		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset,
-		metrics.nearLimit, metrics.memoryWarning, metrics.redisEvicted} {
+		metrics.nearLimit, metrics.shedDelayed, metrics.shedDelay, metrics.memoryWarning, metrics.redisEvicted} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -170,8 +175,12 @@ type zoneSeries struct {
 	decisions [limiter.NumOutcomes]prometheus.Counter
 	exempt    prometheus.Counter // decisions{outcome="exempt"}
 	nearLimit prometheus.Counter
-	cacheHits prometheus.Counter
-	refunds   [2]prometheus.Counter // by refundApplied, refundDropped
+	// shedDelayed and shedDelay count a soft-shedding zone's delayed
+	// requests and their delays (softshed.go).
+	shedDelayed prometheus.Counter
+	shedDelay   prometheus.Observer
+	cacheHits   prometheus.Counter
+	refunds     [2]prometheus.Counter // by refundApplied, refundDropped
 }
 
 // The results of a refund, as labelled.
@@ -194,6 +203,7 @@ func claimZoneSeries(zone string) zoneSeries {
 	}
 	s.exempt = metrics.decisions.WithLabelValues(zone, outcomeExempt)
 	s.nearLimit = metrics.nearLimit.WithLabelValues(zone)
+	s.shedDelayed, s.shedDelay = metrics.shedDelayed.WithLabelValues(zone), metrics.shedDelay.WithLabelValues(zone)
 	s.cacheHits = metrics.cacheHits.WithLabelValues(zone)
 	for r := range s.refunds {
 		s.refunds[r] = metrics.refunds.WithLabelValues(zone, refundResults[r])
@@ -214,6 +224,8 @@ func releaseZoneSeries(zone string) {
 	}
 	metrics.decisions.DeleteLabelValues(zone, outcomeExempt)
 	metrics.nearLimit.DeleteLabelValues(zone)
+	metrics.shedDelayed.DeleteLabelValues(zone)
+	metrics.shedDelay.DeleteLabelValues(zone)
 	metrics.cacheHits.DeleteLabelValues(zone)
 	for _, r := range refundResults {
 		metrics.refunds.DeleteLabelValues(zone, r)

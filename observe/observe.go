@@ -84,10 +84,10 @@ type ZoneConfig struct {
 	// LastRule returns the rule that applied last to a client key (a
 	// bucket key) on this node, nil when unknown. nil: the zone's rule.
 	LastRule func(key string) *limiter.Rule
-	// MaxWaiting is, for a leaky bucket, how many of its requests the
-	// handler holds waiting at once (0 otherwise), and Queue tells how
-	// many wait now and how many were turned away because they were
-	// that many.
+	// MaxWaiting is, for a leaky bucket or a soft-shedding token
+	// bucket, how many of its requests the handler holds waiting at once
+	// (0 otherwise), and Queue tells how many wait now and how many were
+	// turned away because they were that many.
 	MaxWaiting int64
 	Queue      func() (waiting int64, turnedAway uint64)
 	// Prefetch tells, for a zone with prefetch, what this node's prefetch
@@ -174,6 +174,7 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 		info := &zoneInfo{
 			alg:      z.rule.Algorithm().String(),
 			maxDelay: z.rule.MaxDelay(),
+			shedPct:  shedPercent(z.rule), // softshed.go
 			rate:     z.rule.Rate(),
 			per:      z.rule.Per(),
 			burst:    z.rule.Burst(),
@@ -193,6 +194,9 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 		}
 		if b := z.rule.LocalBucket(); b != "" {
 			info.buckets = append(info.buckets, b)
+		}
+		if pct, d := z.rule.SoftShed(); pct > 0 {
+			info.maxDelay = d
 		}
 		// The stats describe the zone as this handler configured it
 		// while it is the newest handler holding them; Cleanup takes
@@ -308,7 +312,8 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // sets the zones' placeholders, counts the metrics and stats, records each
 // zone's denial (or dry-run zone's would-be denial) in the denial feed and
 // the top denied keys and networks, counts the admissions that left a
-// bucket near its limit (nearlimit.go), and emits the rate_limit_exceeded
+// bucket near its limit (nearlimit.go) and those a soft shed delayed
+// (softshed.go), and emits the rate_limit_exceeded
 // event of each zone that denied. Call it on every decided request, with every
 // zone that applied, including those a cached denial left unconsulted
 // (their results are Unknown). r is the request decided; exceeded names
@@ -339,6 +344,9 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 			st.count(o, sec)
 			if o == limiter.Allowed && !res.Unknown && nearLimit(reqs[i].Rule, res) {
 				st.nearedLimit()
+			}
+			if res.Delay > 0 && (o == limiter.Allowed || o == limiter.LocalAllowed) && shedPercent(reqs[i].Rule) > 0 {
+				st.shed(res.Delay) // softshed.go
 			}
 			if denied || o == limiter.DryRunDenied {
 				if !ipLooked {

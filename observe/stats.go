@@ -49,7 +49,8 @@ type zoneKey struct {
 // holding the zone's stats has its own (see zoneStats.hold).
 type zoneInfo struct {
 	alg      string
-	maxDelay time.Duration // a leaky bucket's max_delay
+	maxDelay time.Duration // a leaky bucket's max_delay, or a soft shed's
+	shedPct  int64         // a token bucket's soft_shed percentage (0: none)
 	rate     int64
 	per      time.Duration
 	burst    int64
@@ -114,6 +115,10 @@ type zoneStats struct {
 	// exempt), nearLimit the admitted ones that left the bucket nearly
 	// empty (nearLimitShare).
 	exempt, nearLimit atomic.Uint64
+	// shedDelayed counts the requests a soft-shedding zone delayed (a
+	// dry run: would have delayed), and shedDelayUS their delays in
+	// microseconds (softshed.go).
+	shedDelayed, shedDelayUS atomic.Uint64
 	// refunds and refundsDropped count charges given back after the
 	// response, and those the store failed to take back.
 	refunds, refundsDropped atomic.Uint64
