@@ -82,10 +82,9 @@ type Rule struct {
 	prefetch     int64
 	prefetchHold time.Duration
 	// shedPct is the soft shed's threshold in percent of the burst (0:
-	// none), shedAt the same as a debt in ticks, shedMaxUS its longest
-	// delay, and shedUnit and shedSteps the band's steps (softshed.go).
+	// none), shedAt the same as a debt in ticks, and shedMaxUS its
+	// longest delay (softshed.go).
 	shedPct, shedAt, shedMaxUS int64
-	shedUnit, shedSteps        int64
 	// ban bans a key that the zone denied ban.After times in ban.Window,
 	// for ban.Duration (zero: no bans); the same in microseconds.
 	ban                          Ban
@@ -156,9 +155,10 @@ type RuleConfig struct {
 	PrefetchHold time.Duration
 	// SoftShed delays, rather than denies, a key that has used more
 	// than this share of its burst, in percent (1 to 99): each request
-	// the zone admits past it waits in proportion to how far past it the
-	// request left the bucket, up to SoftShedMaxDelay when it took the
-	// last token (see softshed.go). Token bucket only. Default 0: none.
+	// the zone admits past it waits the time the rate takes to refill
+	// what the request left the bucket owing beyond it, at most
+	// SoftShedMaxDelay (see softshed.go). Token bucket only. Default 0:
+	// none.
 	SoftShed int64
 	// SoftShedMaxDelay is the longest a soft-shedding zone delays a
 	// request: from 1us to MaxSoftShedDelay. Default

@@ -3,33 +3,37 @@ package limiter
 import (
 	"errors"
 	"time"
-
-	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
 // Soft shedding: a token bucket zone that slows a key down before it
 // denies it. Once a key has used more than a share of its burst (the
-// threshold), each request the zone admits is delayed before it is passed
-// on, in proportion to how far past the threshold its charge left the
-// bucket: nothing at the threshold, the longest delay when it took the
-// last token. The delay is
+// threshold), each request the zone admits waits, before it is passed on,
+// the time the zone's rate takes to refill what its charge left the bucket
+// owing beyond the threshold, at most the rule's longest delay:
 //
-//	maxDelay × ⌈(after − at) / unit⌉ / ⌈(capacity − at) / unit⌉, rounded up
+//	delay = min(maxDelay, ⌈(after − at) / denom⌉ us)
 //
 // where after is the bucket's debt right after the request's own cost (in
-// ticks), at the threshold's debt (⌊capacity × percent / 100⌋) and unit the
-// smallest whole number of ticks that cuts the band from at to capacity
-// into at most lua.ShedSteps steps, so that every product stays an exact
-// integer in the script's doubles (maxDelay is at most an hour: 2^32 us).
+// ticks of 1/denom us, so the excess in ticks over denom is the time the
+// rate takes to refill it) and at the threshold's debt (⌊capacity ×
+// percent / 100⌋). Integer arithmetic, exact in the script's doubles.
+//
+// Why the refill time and not a share of maxDelay: a request that waits
+// longer than the refill of its excess comes back to a bucket that has
+// refilled past the threshold while its key waited, and a key whose
+// requests all wait like that lets its bucket run full: tokens it could
+// have used are lost (measured with three nodes: a delay rising linearly
+// to 1s across the band admitted 10% less than no soft shedding). Waiting
+// exactly the refill time spreads the key's requests at the rate, as a
+// leaky bucket above the threshold would, and loses nothing: a key with c
+// requests in flight settles c tokens past the threshold, where each
+// request waits c / rate. It is never denied while those c tokens fit in
+// the band (100 − percent of the burst) and c / rate is at most maxDelay;
+// a key with more in flight reaches the bottom of the band and is denied
+// as without soft shedding, only later and less often.
 //
 // Admission is unchanged: the delay never admits a request the bucket
-// would deny, so the bound burst + rate × elapsed holds as before. What
-// changes is the client that waits for its answers (a browser, an SDK with
-// a connection pool): its requests are spread out, so it keeps within the
-// band rather than emptying the bucket and being denied. A key with c
-// requests in flight settles where the delay is c / rate, inside the band
-// while that is at most maxDelay: such a key is never denied, and the
-// fleet admits what it would have admitted anyway.
+// would deny, so the bound burst + rate × elapsed holds as before.
 
 // Errors of a rule's soft shed.
 var (
@@ -45,8 +49,9 @@ var (
 // request when its rule says no other.
 const DefaultSoftShedMaxDelay = time.Second
 
-// MaxSoftShedDelay is the longest delay a soft shed may have: the delay's
-// arithmetic stays exact in the script's doubles up to it.
+// MaxSoftShedDelay is the longest delay a soft shed may have: a request
+// held longer keeps a connection for what a client would rarely still
+// want.
 const MaxSoftShedDelay = time.Hour
 
 // setSoftShed sets the rule's soft shed, while NewRule builds it: pct 0 is
@@ -66,8 +71,6 @@ func (r *Rule) setSoftShed(pct int64, maxDelay time.Duration) error {
 	}
 	r.shedPct, r.shedMaxUS = pct, int64(maxDelay/time.Microsecond)
 	r.shedAt = r.capacity * pct / 100 // capacity < 2^50: no overflow
-	r.shedUnit = ceilDiv(r.capacity-r.shedAt, lua.ShedSteps)
-	r.shedSteps = ceilDiv(r.capacity-r.shedAt, r.shedUnit)
 	return nil
 }
 
@@ -79,15 +82,14 @@ func (r *Rule) SoftShed() (pct int64, maxDelay time.Duration) {
 }
 
 // shedDelay returns, in microseconds, how long a request admitted with cost
-// whose charge left the bucket owing after ticks (at most its capacity)
-// waits before it is passed on: 0 without soft shedding, for a request that
-// takes nothing, and at or below the threshold. As token_bucket.lua
-// computes it.
+// whose charge left the bucket owing after ticks waits before it is passed
+// on: 0 without soft shedding, for a request that takes nothing, and at or
+// below the threshold. As token_bucket.lua computes it.
 func (r *Rule) shedDelay(after, cost int64) int64 {
 	if r.shedMaxUS == 0 || cost <= 0 || after <= r.shedAt {
 		return 0
 	}
-	return ceilDiv(r.shedMaxUS*ceilDiv(min(after, r.capacity)-r.shedAt, r.shedUnit), r.shedSteps)
+	return min(r.shedMaxUS, ceilDiv(after-r.shedAt, r.denom))
 }
 
 // shedDelayLeft is shedDelay for a request admitted from a node's spares

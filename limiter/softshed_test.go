@@ -10,11 +10,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
-// TestSoftShedDelays: on both stores, a key of a zone of burst 10 with
-// soft_shed 80 and a max delay of 1s passes its first 8 tokens at once,
-// the 9th after 500ms and the 10th after 1s (halfway into the band, and
-// at its end: exactly, as a band of at most 2^20 ticks is counted tick by
-// tick), and is denied at the 11th; a request of cost 0 is never
+// TestSoftShedDelays: on both stores, a key of a zone of 10/s with
+// soft_shed 80 (a max delay of 1s) passes its first 8 tokens at once, the
+// 9th after 100ms and the 10th after 200ms (the time the rate takes to
+// refill one and two tokens past the threshold), and is denied at the
+// 11th; with a max delay of 150ms the 10th waits 150ms; a request of cost 0 is never
 // delayed; a request that another zone denies is not delayed either; and
 // a dry-run zone reports the delay it would ask.
 func TestSoftShedDelays(t *testing.T) {
@@ -22,6 +22,7 @@ func TestSoftShedDelays(t *testing.T) {
 	srv := redistest.Start(t)
 	shed := mustConfig(t, RuleConfig{Name: "shed", Rate: 10, Per: time.Second, SoftShed: 80})
 	dry := mustConfig(t, RuleConfig{Name: "dry", Rate: 10, Per: time.Second, SoftShed: 80, DryRun: true})
+	capped := mustConfig(t, RuleConfig{Name: "capped", Rate: 10, Per: time.Second, SoftShed: 80, SoftShedMaxDelay: 150 * time.Millisecond})
 	strict := mustConfig(t, RuleConfig{Name: "strict", Rate: 1, Per: time.Hour, Burst: 1})
 	if pct, d := shed.SoftShed(); pct != 80 || d != DefaultSoftShedMaxDelay {
 		t.Fatalf("SoftShed() = %d, %s; want 80, the default 1s", pct, d)
@@ -42,7 +43,7 @@ func TestSoftShedDelays(t *testing.T) {
 				}
 				return ok, res
 			}
-			want := []time.Duration{0, 0, 0, 0, 0, 0, 0, 0, 500 * time.Millisecond, time.Second}
+			want := []time.Duration{0, 0, 0, 0, 0, 0, 0, 0, 100 * time.Millisecond, 200 * time.Millisecond}
 			for i, d := range want {
 				if i == 8 {
 					// A look (cost 0) past the threshold is not delayed.
@@ -62,6 +63,10 @@ func TestSoftShedDelays(t *testing.T) {
 				_, res = decide(Request{Rule: dry, Key: "k", Cost: 1})
 				if !res[0].Allowed || res[0].DryRun || res[0].Delay != d {
 					t.Fatalf("dry run, request %d: %+v; want a delay of %s reported", i+1, res[0], d)
+				}
+				_, res = decide(Request{Rule: capped, Key: "k", Cost: 1})
+				if want := min(d, 150*time.Millisecond); !res[0].Allowed || res[0].Delay != want {
+					t.Fatalf("max delay 150ms, request %d: %+v; want a delay of %s", i+1, res[0], want)
 				}
 			}
 			if ok, res := decide(Request{Rule: shed, Key: "k", Cost: 1}); ok || res[0].Delay != 0 {
@@ -102,14 +107,11 @@ func TestSoftShedRule(t *testing.T) {
 	if pct, d := local.SoftShed(); n != 4 || pct != 50 || d != 200*time.Millisecond || local.Burst() != 25 {
 		t.Fatalf("the local rule for 4 nodes: burst %d, soft shed %d%% %s; want 25, 50%% 200ms", local.Burst(), pct, d)
 	}
-	// The band's arithmetic for the largest bucket and delay: every
-	// product stays below 2^53, and the delay is the longest at the end.
-	big := mustConfig(t, RuleConfig{Name: "big", Rate: 1 << 49, Per: time.Microsecond, Burst: 1 << 49, SoftShed: 1, SoftShedMaxDelay: MaxSoftShedDelay})
-	if big.shedSteps > 1<<20 || big.shedMaxUS*big.shedSteps >= 1<<53 {
-		t.Fatalf("steps %d, max delay %dus: products beyond 2^53", big.shedSteps, big.shedMaxUS)
-	}
-	if d := big.shedDelay(big.capacity, 1); d != big.shedMaxUS {
-		t.Fatalf("the last token waits %dus, want %dus", d, big.shedMaxUS)
+	// A rate of 3/s: ticks of a third of a microsecond, the delay
+	// rounded up to the microsecond.
+	third := mustConfig(t, RuleConfig{Name: "third", Rate: 3, Per: time.Second, Burst: 3, SoftShed: 33})
+	if d := third.shedDelay(third.interval, 1); d != 3334 { // 0.01 token past 0.99: 3333.3us
+		t.Fatalf("the first token of 3/s past 33%% waits %dus, want 3334", d)
 	}
 }
 
@@ -215,14 +217,14 @@ func TestSoftShedFromSpares(t *testing.T) {
 		t.Fatalf("prefetch: %v %+v", out, res[0])
 	}
 	calls := cs.calls.Load()
-	if want := 220 * time.Millisecond; res[0].Delay != want { // 11 tokens into a band of 50
+	if want := 110 * time.Millisecond; res[0].Delay != want { // 11 tokens past the threshold, 10ms each
 		t.Fatalf("the prefetching request waits %s, want %s", res[0].Delay, want)
 	}
 	for i := range 9 {
 		if out := l.Decide(ctx, []Request{{Rule: r, Key: "k", Cost: 1}}, res); out != Allowed {
 			t.Fatalf("spare %d: %v", i, out)
 		}
-		if want := time.Duration(12+i) * 20 * time.Millisecond; res[0].Delay != want {
+		if want := time.Duration(12+i) * 10 * time.Millisecond; res[0].Delay != want {
 			t.Fatalf("spare %d waits %s, want %s (%d tokens into the band)", i, res[0].Delay, want, 12+i)
 		}
 	}
@@ -241,5 +243,5 @@ func ExampleRuleConfig_softShed() {
 		ok, _ := s.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, res)
 		fmt.Print(i, ":", ok, " ", res[0].Delay, "  ")
 	}
-	// Output: 1:true 0s  2:true 0s  3:true 0s  4:true 0s  5:true 0s  6:true 0s  7:true 0s  8:true 0s  9:true 500ms  10:true 1s  11:false 0s
+	// Output: 1:true 0s  2:true 0s  3:true 0s  4:true 0s  5:true 0s  6:true 0s  7:true 0s  8:true 0s  9:true 100ms  10:true 200ms  11:false 0s
 }

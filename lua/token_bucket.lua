@@ -57,13 +57,11 @@ else
   r2 = r1 + cost * p2
   if r2 + res <= cap then flag = ADMIT else flag = DENY end
   -- Soft shed: a request that leaves the debt past the threshold at waits
-  -- the longest delay times how far into the band from at to cap it
-  -- went, counted in at most SHED_STEPS steps of unit ticks and rounded
-  -- up (limiter/softshed.go): exact integers in doubles.
+  -- the time the rate takes to refill the excess (r2 - at ticks, in
+  -- microseconds rounded up), at most R_SHED_DELAY (limiter/softshed.go).
   local at = rule[R_SHED_AT]
   if flag == ADMIT and cost > 0 and r2 > at and rule[R_SHED_DELAY] > 0 then
-    local unit = ceil_div(cap - at, SHED_STEPS)
-    r4 = ceil_div(rule[R_SHED_DELAY] * ceil_div(r2 - at, unit), ceil_div(cap - at, unit))
+    r4 = min(rule[R_SHED_DELAY], ceil_div(r2 - at, p1))
   end
 end
 

@@ -62,12 +62,6 @@ const (
 	RuleArgs = 12
 )
 
-// ShedSteps is how many steps a soft shed's band (from its threshold to
-// an empty bucket) is cut into at most, so that its delay, the longest
-// delay times the steps past the threshold divided by the steps, stays an
-// exact integer in Lua's doubles (see limiter/softshed.go).
-const ShedSteps = 1 << 20
-
 // RuleDryRun is the flag (a bit of RuleFlags, the lowest) of a dry-run
 // rule: what it would deny does not deny the request.
 const RuleDryRun = 1
@@ -201,7 +195,6 @@ var names = []struct {
 	{"R_PREFETCH", RulePrefetch},
 	{"R_SHED_AT", RuleShedAt},
 	{"R_SHED_DELAY", RuleShedDelay},
-	{"SHED_STEPS", ShedSteps},
 	{"RULE_ARGS", RuleArgs},
 	{"F_DRY_RUN", RuleDryRun},
 	{"K_RULE", KindRule},
