@@ -26,12 +26,13 @@ type request struct {
 	node    int
 	sent    time.Time
 	done    time.Time
-	status  int    // 0 on a transport error or an abort
-	denier  string // the zone a 429 named
-	gen     string // X-Gen of the answer
-	fromApp bool   // the answer carries X-Upstream
-	fields  bool   // the answer carries rate limit fields (exempt.go)
-	delayed bool   // a leaky bucket held it (X-Ratelimit-Delay)
+	status  int           // 0 on a transport error or an abort
+	denier  string        // the zone a 429 named
+	gen     string        // X-Gen of the answer
+	fromApp bool          // the answer carries X-Upstream
+	fields  bool          // the answer carries rate limit fields (exempt.go)
+	delayed bool          // a leaky bucket or a soft shed held it (X-Ratelimit-Delay)
+	delay   time.Duration // how long, as X-Ratelimit-Delay says (softshed.go)
 	err     string
 }
 
@@ -132,6 +133,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request) {
 	q.fromApp = resp.Header.Get("X-Upstream") != ""
 	q.gen = resp.Header.Get("X-Gen")
 	q.fields, q.delayed = rateLimitFields(resp.Header)
+	q.delay = delayField(resp.Header) // softshed.go
 	if q.status == http.StatusTooManyRequests {
 		q.denier = strings.TrimSpace(string(body))
 	}

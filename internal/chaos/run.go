@@ -112,6 +112,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.checkExempt()
 	c.checkStatus()
 	c.checkWaitRooms(nodes) // waitroom.go
+	c.checkSoftShed()       // softshed.go
 	// The upstream closes its idle keep-alive connections, so that the
 	// proxy's goroutines that wait on them are gone, as at the baseline.
 	up.srv.SetKeepAlivesEnabled(false)

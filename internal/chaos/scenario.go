@@ -88,6 +88,10 @@ type Zone struct {
 	Quota    int64
 	QuotaPer string
 	QuotaTZ  string
+	// SoftShed is a token bucket's soft_shed percentage, 0 for none, and
+	// SoftShedMaxDelay its max delay (softshed.go).
+	SoftShed         int64
+	SoftShedMaxDelay time.Duration
 }
 
 // Target is one path of the site: the zones that apply to it.
@@ -563,7 +567,7 @@ func (s *Scenario) drawFaults(r *rand.Rand) {
 func (s *Scenario) Summary() string {
 	var zs, fs []string
 	for _, z := range s.Zones {
-		zs = append(zs, z.Name+":"+z.Algorithm)
+		zs = append(zs, z.Name+":"+z.Algorithm+shedSummary(z)) // softshed.go
 	}
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)

@@ -83,6 +83,9 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 		if q := z.quotaLine(); q != "" {
 			line("%s", q)
 		}
+		if z.SoftShed > 0 {
+			line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
+		}
 	}
 	if z.Ban != nil {
 		line("ban %s after %d in %s", dur(z.Ban.Duration), z.Ban.After, dur(z.Ban.Window))
