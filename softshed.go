@@ -21,7 +21,7 @@ import (
 // its turn (serve.go, waiting.go).
 
 // errSoftShedAlgorithm: soft_shed on a zone that is not a token bucket.
-var errSoftShedAlgorithm = errors.New("soft_shed applies to token_bucket only (a zone with rate, not window and events)")
+var errSoftShedAlgorithm = errors.New("soft_shed applies to token_bucket only (a zone with rate, not window and events or a quota alone)")
 
 // validateSoftShed checks the zone's soft shed, for its algorithm alg.
 func (z *Zone) validateSoftShed(alg limiter.Algorithm) error {
@@ -30,7 +30,7 @@ func (z *Zone) validateSoftShed(alg limiter.Algorithm) error {
 		return nil
 	case z.SoftShed == 0:
 		return inSetting("soft_shed", errors.New("soft_shed_max_delay needs soft_shed <percent>"))
-	case alg != limiter.TokenBucket || z.legacyForm():
+	case alg != limiter.TokenBucket || z.legacyForm() || z.quotaOnly():
 		return inSetting("soft_shed", errSoftShedAlgorithm)
 	case z.SoftShed < 1 || z.SoftShed > 99:
 		return inSetting("soft_shed", fmt.Errorf("soft_shed must be a whole percentage from 1 to 99, got %d", z.SoftShed))

@@ -98,6 +98,14 @@ var badSoftShedCaddyfiles = []struct {
 		}
 	}
 }`, 6, `soft_shed applies to token_bucket only`},
+	{"on a quota alone", `:80 {
+	rate_limit {
+		zone api {
+			quota 1000 per day
+			soft_shed 50
+		}
+	}
+}`, 5, `soft_shed applies to token_bucket only`},
 	{"max_waiting on a plain token bucket", `:80 {
 	rate_limit {
 		zone api {

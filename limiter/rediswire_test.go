@@ -25,7 +25,9 @@ const wireClock = "1700000000000000"
 // wireBatch returns the golden batch's requests, one per call: a token
 // bucket with prefetch (alice's bucket shared by two requests), a dry-run
 // fixed window with a ban and a reserve, a request of no zones, a
-// concurrency slot, and a token bucket whose ban starts and then holds.
+// concurrency slot, a token bucket whose ban starts and then holds, and a
+// soft-shedding token bucket whose request leaves it 3 tokens past its
+// threshold (a delay of 300ms, their refill).
 func wireBatch(t testing.TB) [][]Request {
 	api := mustConfig(t, RuleConfig{Name: "api", Rate: 10, Per: time.Second, Burst: 20, Prefetch: 4})
 	login := mustConfig(t, RuleConfig{Name: "login", Algorithm: FixedWindow, Rate: 1, Per: time.Minute, DryRun: true,
@@ -33,6 +35,7 @@ func wireBatch(t testing.TB) [][]Request {
 	slots := mustConfig(t, RuleConfig{Name: "slots", Algorithm: Concurrency, Rate: 2, Lease: 30 * time.Second})
 	strict := mustConfig(t, RuleConfig{Name: "strict", Rate: 1, Per: time.Minute, Burst: 1,
 		Ban: Ban{Duration: time.Minute, After: 1, Window: 10 * time.Second}})
+	shed := mustConfig(t, RuleConfig{Name: "shed", Rate: 10, Per: time.Second, SoftShed: 50})
 	return [][]Request{
 		{{Rule: api, Key: "alice", Cost: 1}, {Rule: login, Key: "alice", Cost: 1, Reserve: 20}},
 		{{Rule: api, Key: "bob", Cost: 2}},
@@ -43,6 +46,7 @@ func wireBatch(t testing.TB) [][]Request {
 		{{Rule: strict, Key: "dave", Cost: 1}},
 		{{Rule: strict, Key: "dave", Cost: 1}},
 		{{Rule: strict, Key: "dave", Cost: 1}},
+		{{Rule: shed, Key: "erin", Cost: 8}},
 	}
 }
 
@@ -75,15 +79,16 @@ func TestWireArgs(t *testing.T) {
 	if args[0] != "evalsha" || args[1] != s.script.Hash() {
 		t.Fatalf("command %v %v", args[0], args[1])
 	}
-	const want = `6
+	const want = `7
 w:api:{alice}
 w:login:{alice}
 w:api:{bob}
 w:slots~slots:{alice}
 w:login:{carol}
 w:strict:{dave}
+w:shed:{erin}
 1700000000000000
-4
+5
 0
 1
 100000
@@ -94,6 +99,8 @@ w:strict:{dave}
 0
 0
 4
+0
+0
 2
 60000000
 1
@@ -103,6 +110,8 @@ w:strict:{dave}
 60000000
 1
 10000000
+0
+0
 0
 5
 2
@@ -115,6 +124,8 @@ w:strict:{dave}
 0
 0
 0
+0
+0
 1
 60000000
 1
@@ -125,16 +136,31 @@ w:strict:{dave}
 10000000
 0
 0
-15
-29
--1
-42
+0
+0
 1
-57
-57
-71
-71
-71
+100000
+10
+0
+0
+0
+0
+0
+0
+500000
+1000000
+0
+17
+33
+-1
+48
+1
+65
+65
+81
+81
+81
+97
 1
 1
 0
@@ -153,7 +179,10 @@ s1
 4
 1
 0
-6
+5
+8
+0
+7
 `
 	if got := wireText(args[2:]); got != want {
 		t.Errorf("arguments (numkeys, KEYS, ARGV), one a line:\n%s\nwant:\n%s", got, want)
@@ -177,18 +206,22 @@ func TestWireRedis(t *testing.T) {
 0
 400000
 3
+0
 6
 0
 20000000
+0
 0
 1700000000000000
 1
 0
 400000
 2
+0
 1700000000000000
 1700000000000000
 1
+0
 0
 0
 0
@@ -196,31 +229,43 @@ func TestWireRedis(t *testing.T) {
 400000
 800000
 3
+0
 1700000000000000
 1
 0
 20000000
+0
 0
 1700000000000000
 4
 1
 20000000
 0
+0
 1700000000000000
 1
 0
 60000000
+0
 0
 -1700000000000000
 4
 60000000
 120000000
 0
+0
 -1700000000000000
 3
 60000000
 1
 0
+0
+1700000000000000
+1
+0
+800000
+0
+300000
 `
 	if got := wireText(reply); got != want {
 		t.Errorf("reply, one value a line:\n%s\nwant:\n%s", got, want)
@@ -242,6 +287,7 @@ true [{Allowed:true Remaining:0 RetryAfter:40s ResetAfter:40s Delay:0s Period:0s
 true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:60000000 at:1700000000000000 spares:0}]
 false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:true BanStarted:true owed:0 at:1700000000000000 spares:0}]
 false [{Allowed:false Remaining:0 RetryAfter:1m0s ResetAfter:1m0s Delay:0s Period:0s Unknown:false DryRun:false Banned:true BanStarted:false owed:0 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:2 RetryAfter:0s ResetAfter:800ms Delay:300ms Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:800000 at:1700000000000000 spares:0}]
 `
 
 // TestWireReply: a canned reply (the golden one, written out) decodes into
@@ -257,15 +303,16 @@ func TestWireReply(t *testing.T) {
 	}
 	const at = 1700000000000000
 	var reply []any
-	reply = append(reply, n(at, 1, 0, 400000, 3, 6, 0, 20000000, 0)...)
-	reply = append(reply, n(at, 1, 0, 400000, 2)...)
+	reply = append(reply, n(at, 1, 0, 400000, 3, 0, 6, 0, 20000000, 0, 0)...)
+	reply = append(reply, n(at, 1, 0, 400000, 2, 0)...)
 	reply = append(reply, n(at)...)
-	reply = append(reply, n(at, 1, 0, 0, 0, 1, 400000, 800000, 3)...)
-	reply = append(reply, n(at, 1, 0, 20000000, 0)...)
-	reply = append(reply, n(at, 4, 1, 20000000, 0)...)
-	reply = append(reply, n(at, 1, 0, 60000000, 0)...)
-	reply = append(reply, n(-at, 4, 60000000, 120000000, 0)...)
-	reply = append(reply, n(-at, 3, 60000000, 1, 0)...)
+	reply = append(reply, n(at, 1, 0, 0, 0, 0, 1, 400000, 800000, 3, 0)...)
+	reply = append(reply, n(at, 1, 0, 20000000, 0, 0)...)
+	reply = append(reply, n(at, 4, 1, 20000000, 0, 0)...)
+	reply = append(reply, n(at, 1, 0, 60000000, 0, 0)...)
+	reply = append(reply, n(-at, 4, 60000000, 120000000, 0, 0)...)
+	reply = append(reply, n(-at, 3, 60000000, 1, 0, 0)...)
+	reply = append(reply, n(at, 1, 0, 800000, 0, 300000)...)
 	s := &RedisStore{prefix: "w:", script: redis.NewScript(lua.Decide)}
 	_, calls := wireArgs(t, s)
 	if got := decodeWire(t, reply, wireBatch(t), calls); got != wireResults {

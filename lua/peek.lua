@@ -8,7 +8,8 @@
 --
 -- Returns the time (us), then PEEK_ZONE numbers per zone, in order: its
 -- flag and the three values its algorithm reports (Z_FLAG .. Z_R3, as a
--- decision of cost 0 would report them), then, for a zone with a ban, the
+-- decision of cost 0 would report them), the delay (Z_DELAY: 0, as for a
+-- request of cost 0), then, for a zone with a ban, the
 -- ban's microseconds left (P_BAN_LEFT, 0 for none) and the denials that
 -- started it (P_BAN_DENIALS), and the denials counted towards the next ban
 -- (P_DENIALS).
@@ -23,7 +24,7 @@ while a <= zones_end do
   local rule, cost, aux, auxn = krule[k], kcost[k], kaux[k], kauxn[k]
   local alg, p1, p2, p3, p4 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3], rule[R_P4]
   local key = KEYS[ki]
-  local flag, r1, r2, r3 = DENY, 0, 0, 0
+  local flag, r1, r2, r3, r4 = DENY, 0, 0, 0, 0
   --@dispatch peek
   local bl, bd, dn = 0, 0, 0
   if rule[R_BAN] > 0 then
@@ -41,7 +42,7 @@ while a <= zones_end do
     end
   end
   local c = o - 1 -- the zone's values are reply[c + Z_FLAG] ..
-  reply[c + Z_FLAG], reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3] = flag, r1, r2, r3
+  reply[c + Z_FLAG], reply[c + Z_R1], reply[c + Z_R2], reply[c + Z_R3], reply[c + Z_DELAY] = flag, r1, r2, r3, r4
   reply[c + P_BAN_LEFT], reply[c + P_BAN_DENIALS], reply[c + P_DENIALS] = bl, bd, dn
   o = o + PEEK_ZONE
 end
