@@ -108,6 +108,9 @@ type TargetStats struct {
 	FirstAnswer time.Time
 	// LastSent is when the last request was sent.
 	LastSent time.Time
+	// arrivals are the requests a limiter decided (admitted or denied),
+	// to replay through an exact bucket (BucketStats.Reachable).
+	arrivals []arrival
 }
 
 // BucketStats is a bucket's admitted total against its exact bound.
@@ -127,7 +130,9 @@ type BucketStats struct {
 	Ratio float64
 	// Reachable is what a fleet without any over-denial must at least
 	// admit: the bound over the narrow window (first answer to last
-	// request sent), in whole requests of the bucket's largest cost.
+	// request sent), in whole requests of the bucket's largest cost, or,
+	// if fewer, what an exact bucket admits of the requests the bucket
+	// decided, replayed at the times they were sent.
 	Reachable float64
 	// PerNode is the tokens admitted from this bucket through each node,
 	// indexed like Load.Nodes.
@@ -204,6 +209,14 @@ func runConnection(ctx context.Context, l *Load, c int) map[*Target]*TargetStats
 	return st
 }
 
+// arrival is one request a limiter decided: when it was sent, its cost,
+// and the zone that denied it ("" if admitted).
+type arrival struct {
+	sent   time.Time
+	cost   int64
+	denier string
+}
+
 // newTargetStats returns empty stats for a load over nodes nodes.
 func newTargetStats(nodes int) *TargetStats {
 	return &TargetStats{DeniedBy: map[string]int64{}, ErrorKinds: map[string]int64{}, PerNode: make([]int64, nodes)}
@@ -256,8 +269,11 @@ func (s *TargetStats) record(a answer, sent time.Time, cost int64, nodeIdx int) 
 		s.Admitted++
 		s.Tokens += cost
 		s.PerNode[nodeIdx] += cost
+		s.arrivals = append(s.arrivals, arrival{sent: sent, cost: cost})
 	case a.status == http.StatusTooManyRequests:
-		s.DeniedBy[strings.TrimSpace(a.body)]++
+		denier := strings.TrimSpace(a.body)
+		s.DeniedBy[denier]++
+		s.arrivals = append(s.arrivals, arrival{sent: sent, cost: cost, denier: denier})
 	default:
 		s.Errors++
 		s.ErrorKinds["status "+strconv.Itoa(a.status)]++
@@ -306,6 +322,9 @@ type bucketTally struct {
 	// answer and the latest request sent.
 	firstAnswer, lastSent time.Time
 	maxCost               int64 // the largest cost of a target, in tokens
+	// arrivals are the requests this bucket decided: admitted, or denied
+	// by its zone (one another zone denied never reached it).
+	arrivals []arrival
 }
 
 // bucketStats computes the stats of every bucket of targets, in the order
@@ -359,6 +378,11 @@ func (bt *bucketTally) add(s *TargetStats, cost int64) {
 		bt.lastSent = s.LastSent
 	}
 	bt.maxCost = max(bt.maxCost, cost)
+	for _, a := range s.arrivals {
+		if a.denier == "" || a.denier == bs.Bucket.Zone {
+			bt.arrivals = append(bt.arrivals, a)
+		}
+	}
 }
 
 // finish computes the bucket's bound and what it can reach, and returns
@@ -370,8 +394,32 @@ func (bt *bucketTally) finish() *BucketStats {
 	bs.Ratio = float64(bs.Tokens) / bs.Bound
 	narrow := float64(b.Burst) + float64(b.Rate)*bt.lastSent.Sub(bt.firstAnswer).Seconds()/b.Per.Seconds()
 	c := float64(max(bt.maxCost, 1))
-	bs.Reachable = c * math.Floor(narrow/c)
+	bs.Reachable = min(c*math.Floor(narrow/c), bt.exact())
 	return bs
+}
+
+// exact replays the requests the bucket decided, at the times they were
+// sent, through an exact token bucket that starts full, and returns the
+// tokens it admits: what the fleet could reach given when the requests
+// came. A load generator that a busy machine starves for a moment sends
+// nothing while the bucket fills past its burst; the narrow window's bound
+// counts that refill, this does not.
+func (bt *bucketTally) exact() float64 {
+	b := bt.stats.Bucket
+	list := bt.arrivals
+	sort.Slice(list, func(i, j int) bool { return list[i].sent.Before(list[j].sent) })
+	perSecond := float64(b.Rate) / b.Per.Seconds()
+	tokens, admitted := float64(b.Burst), 0.0
+	for i, a := range list {
+		if i > 0 {
+			tokens = min(float64(b.Burst), tokens+perSecond*a.sent.Sub(list[i-1].sent).Seconds())
+		}
+		if c := float64(a.cost); tokens >= c {
+			tokens -= c
+			admitted += c
+		}
+	}
+	return admitted
 }
 
 // merge adds s to m, and widens m's windows to s's.
@@ -382,6 +430,7 @@ func (m *TargetStats) merge(s *TargetStats) {
 	m.Errors += s.Errors
 	m.FailedOpen += s.FailedOpen
 	m.Retried += s.Retried
+	m.arrivals = append(m.arrivals, s.arrivals...)
 	for k, v := range s.DeniedBy {
 		m.DeniedBy[k] += v
 	}
