@@ -186,6 +186,9 @@ type verdict struct {
 	// token and leaky bucket: ticks owed before the request (0 full to
 	// Capacity empty), and after it if charged.
 	debt, after int64
+	// over is, for a token bucket that denies, the ticks it owes beyond
+	// its capacity (a settlement's or an outage charge's debt).
+	over int64
 
 	// windows: the current window's count (curr) and the previous
 	// window's (prev, sliding window), and microseconds into the current

@@ -71,6 +71,36 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 	return firstErr
 }
 
+// Charge charges each key's bucket as the Redis store's Charge does, with
+// the same arithmetic as the refund script's charge mode: the bucket may
+// be left owing more than its capacity, at most lua.MaxChargeDebt ticks.
+// It never fails.
+func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
+	for _, ch := range charges {
+		r := ch.Rule
+		if ch.Ticks <= 0 || (r.alg != TokenBucket && r.alg != LeakyBucket) {
+			continue
+		}
+		id := s.hash.id(r.bucket, ch.Key)
+		sh := &s.shards[id.shard()]
+		sh.mu.Lock()
+		now := s.now()
+		e, ok := sh.m.get(id)
+		if !ok || e.expires <= now {
+			e.state = 0
+		}
+		debt := r.debt(e.state, now) + r.over(e.state, now)
+		debt = min(debt+min(ch.Ticks, lua.MaxChargeDebt), lua.MaxChargeDebt)
+		if limit := int(s.perShard.Load()); limit > 0 && !ok {
+			s.makeRoom(sh, limit, now)
+		}
+		st := r.stateAt(now, debt)
+		sh.m.put(id, memEntry{state: st, expires: st.fullAt()})
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
 // pinger is a store that can tell whether it answers without deciding
 // anything: the Redis store.
 type pinger interface {

@@ -223,6 +223,9 @@ type Limiter struct {
 	// refunds and refundsLost count refunds asked for, and those that
 	// the store failed (dropped: the charge stays).
 	refunds, refundsLost atomic.Uint64
+	// settled and settleLost count settlements (settle.go) tried, and
+	// those the store failed.
+	settled, settleLost atomic.Uint64
 	// spares holds prefetched tokens (prefetch.go); nil until a decision
 	// first takes some.
 	spares   atomic.Pointer[spares]

@@ -270,8 +270,12 @@ func (r *Rule) fromReply(z zoneReply, res int64) verdict {
 		v.curr, v.reset, v.periodUS = r1, r2, r3
 	default:
 		v.debt, v.after = r1, r2
-		if r.alg == TokenBucket {
+		switch {
+		case r.alg != TokenBucket:
+		case v.ok:
 			v.spares, v.delay = r3, z[lua.ReplyDelay-1]
+		default:
+			v.over = r3
 		}
 	}
 	return v

@@ -6,7 +6,9 @@ package limiter
 // window that counted the charge still counts: a refund can make a
 // bucket fuller than it would have been without the request only by
 // tokens that have refilled since (the token buckets' debt is clamped at
-// empty), never beyond its limit.
+// empty), never beyond its limit. A token bucket's refund comes off its
+// whole debt, also a debt beyond its capacity that a charge or a
+// settlement left: it forgives none of it.
 
 // refund returns the state of bucket e after giving back cost charged at
 // microsecond at, seen at microsecond now, with the microsecond from which
@@ -37,6 +39,9 @@ func (r *Rule) refund(e memEntry, now, cost, at int64) (st State, expires int64,
 		return r.quotaRefund(e, now, cost, at)
 	}
 	debt := r.debt(e.state, now) - cost*r.interval
+	if r.alg == TokenBucket { // from the whole debt, as token_bucket.lua
+		debt += r.over(e.state, now)
+	}
 	if debt <= 0 {
 		return 0, 0, false
 	}

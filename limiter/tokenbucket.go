@@ -1,6 +1,10 @@
 package limiter
 
-import "time"
+import (
+	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/lua"
+)
 
 // State is a token bucket as it is stored, in Redis and in memory: one
 // integer, so that Redis keeps it in its smallest encoding. It is the
@@ -37,7 +41,30 @@ func (r *Rule) tbCheck(s State, now, cost, res int64) verdict {
 	if v.ok && r.shedMaxUS > 0 {
 		v.delay = r.shedDelay(after, cost) // softshed.go
 	}
+	if !v.ok && d == r.capacity {
+		v.over = r.over(s, now)
+	}
 	return v
+}
+
+// over returns how many ticks beyond its capacity the bucket in state s
+// owes at microsecond now: what a charge or a settlement left owing beyond
+// it (lua.MaxChargeDebt bounds the whole debt), 0 when it owes no more than
+// its capacity.
+func (r *Rule) over(s State, now int64) int64 {
+	us, ticks := s.parts()
+	if ticks >= r.denom { // written under a rule with a finer tick
+		us += ticks / r.denom
+		ticks %= r.denom
+	}
+	if us <= now {
+		return 0
+	}
+	debt := int64(lua.MaxChargeDebt)
+	if us-now <= lua.MaxChargeDebt/r.denom {
+		debt = min((us-now)*r.denom+ticks, lua.MaxChargeDebt)
+	}
+	return max(0, debt-r.capacity)
 }
 
 // debt returns how many ticks the bucket in state s owes at microsecond now,
@@ -88,14 +115,14 @@ func (r *Rule) tbResult(v verdict, charged bool) Result {
 		return Result{
 			Remaining:  (r.capacity - v.debt) / r.interval,
 			RetryAfter: Never,
-			ResetAfter: r.micros(v.debt),
+			ResetAfter: r.micros(v.debt + v.over),
 			owed:       v.debt,
 		}
-	default:
+	default: // a debt beyond the capacity (v.over) is repaid first
 		return Result{
 			Remaining:  (r.capacity - v.debt) / r.interval,
-			RetryAfter: r.micros(v.after + v.res - r.capacity),
-			ResetAfter: r.micros(v.debt),
+			RetryAfter: r.micros(v.after + v.over + v.res - r.capacity),
+			ResetAfter: r.micros(v.debt + v.over),
 			owed:       v.debt,
 		}
 	}

@@ -6,12 +6,14 @@
 --
 -- Parameters: p1 denom, p2 interval, p3 burst; aux the reserve (ticks);
 -- the rule's soft shed (R_SHED_AT, R_SHED_DELAY).
--- Reports: flag, debt before the request (ticks), debt after it, the
--- spares a prefetch took; and an admitted request's soft shed delay (us)
--- as r4.
+-- Reports: flag, debt before the request (ticks), debt after it, and the
+-- spares a prefetch took (admitted) or the debt beyond the capacity
+-- (denied: what a charge or a settlement left owing; the Retry-After waits
+-- for it too); and an admitted request's soft shed delay (us) as r4.
 
 --@helpers
--- tb_debt returns the ticks the bucket owes at now, at most its capacity.
+-- tb_debt returns the ticks the bucket owes at now, at most its capacity,
+-- and when it owes more, how much more (the whole debt at most MAX_DEBT).
 local function tb_debt(ki, denom, cap)
   local us, ticks
   local v = vals[ki]
@@ -28,9 +30,9 @@ local function tb_debt(ki, denom, cap)
     ticks = ticks % denom
   end
   if us < now or (us == now and ticks == 0) then return 0 end
-  if us - now > floor(cap / denom) then return cap end
+  if us - now > floor(cap / denom) then return cap, min((us - now) * denom + ticks, MAX_DEBT) - cap end
   local debt = (us - now) * denom + ticks
-  if debt > cap then return cap end
+  if debt > cap then return cap, min(debt, MAX_DEBT) - cap end
   return debt
 end
 
@@ -50,7 +52,8 @@ end
 --@check
 -- res: the reserve, in ticks, that the request must leave in the bucket.
 local cap, res = p3 * p2, auxn
-r1 = tb_debt(ki, p1, cap)
+local over
+r1, over = tb_debt(ki, p1, cap)
 if cost > p3 or cost * p2 + res > cap then
   flag, r2 = NEVER, r1
 else
@@ -64,6 +67,7 @@ else
     r4 = min(rule[R_SHED_DELAY], ceil_div(r2 - at, p1))
   end
 end
+if over and over > 0 and flag ~= ADMIT then r3 = over end
 
 --@commit
 -- Prefetch (rule[R_PREFETCH] tokens a call may take): spares beyond the cost, at
@@ -82,6 +86,6 @@ tb_write(ki, p1, r2)
 --@refund
 if auxn < CHARGE then -- a charge of CHARGE - auxn ticks, debt beyond capacity allowed
   tb_write(ki, p1, min(tb_debt(ki, p1, MAX_DEBT) + CHARGE - auxn, MAX_DEBT))
-else
-  tb_write(ki, p1, tb_debt(ki, p1, p3 * p2) - cost * p2)
+else -- from the whole debt: a settlement's refund forgives none of a debt beyond capacity
+  tb_write(ki, p1, tb_debt(ki, p1, MAX_DEBT) - cost * p2)
 end
