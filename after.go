@@ -11,14 +11,18 @@ import (
 )
 
 // What happens after the response: a concurrency zone releases the request's
-// slot, and a count_status zone gives back the charge of a response it
-// does not count. Both are queued to the store like any decision and never
+// slot, a count_status zone gives back the charge of a response it does not
+// count, and a cost_header zone settles the response's real cost
+// (costheader.go). All are queued to the store like any decision and never
 // hold the response.
 
 // hold records, for an admitted request, what its zones hold until the
 // response is written.
 func (sc *scratch) hold(outcome limiter.Outcome, ds []zoneDecision) {
 	for i := range ds {
+		if ds[i].zone.costHeader != "" && settled(&ds[i].res) {
+			sc.held, sc.costHeader = true, true
+		}
 		if !charged(&ds[i].req, &ds[i].res) {
 			continue
 		}
@@ -41,6 +45,13 @@ func charged(q *limiter.Request, res *limiter.Result) bool {
 	return !res.Unknown && !res.DryRun && q.Cost > 0
 }
 
+// settled reports whether a cost_header zone's real cost is to be settled
+// after the response: it was consulted and charged its up-front cost, 0
+// included (a dry run that would have denied charged nothing).
+func settled(res *limiter.Result) bool {
+	return !res.Unknown && !res.DryRun
+}
+
 // statusUnknown is the status of a request passed on whose client left
 // before any status was written: a count_status zone keeps its charge
 // (strict: the upstream may have done the work, and a client must not get
@@ -56,8 +67,18 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 		rec = &statusRecorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 		w = rec
 	}
+	var costs *costRecorder
+	if sc.costHeader {
+		costs = newCostRecorder(w, sc.heldList)
+		w = costs
+	}
 	finished := false
 	defer func() {
+		if costs != nil {
+			// Also after a panic (a stream aborted when its client
+			// left): the cost the header reported stands.
+			costs.readTrailers()
+		}
 		status := http.StatusInternalServerError // a panic
 		if rec != nil && finished {
 			status = responseStatus(rec, err)
@@ -68,7 +89,7 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 				status = statusUnknown
 			}
 		}
-		h.release(sc, status)
+		h.release(sc, status, costs)
 		*sc = scratch{}
 		scratchPool.Put(sc)
 	}()
@@ -79,21 +100,32 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 
 // release gives back what the request's zones held: every concurrency
 // zone's slot, and the charge of each count_status zone that does not
-// count status. It runs in the background, bounded by the store's
-// timeout; a failure leaves the charge (strict) and is counted.
-func (h *Handler) release(sc *scratch, status int) {
-	var reqs []limiter.Request
-	var results []limiter.Result
+// count status; and settles the real cost that the response reported to
+// each cost_header zone (costs) that counts it. It runs in the
+// background, bounded by the store's timeout; a failed refund leaves the
+// charge (strict) and is counted, a failed settlement is sent again, then
+// counted.
+func (h *Handler) release(sc *scratch, status int, costs *costRecorder) {
+	var reqs, settle []limiter.Request
+	var results, settleRes []limiter.Result
+	var real []int64
 	for i := range sc.heldList {
 		q, res, z := &sc.heldList[i].req, &sc.heldList[i].res, sc.heldList[i].zone
+		refunded := z.countStatus && status != statusUnknown && !z.counted.has(status)
+		if z.costHeader != "" && !refunded && settled(res) {
+			if n, ok := costs.cost(z.costHeader); ok {
+				settle, settleRes, real = append(settle, *q), append(settleRes, *res), append(real, n)
+			}
+		}
 		if !charged(q, res) {
 			continue
 		}
-		if q.Rule.Algorithm() == limiter.Concurrency || (z.countStatus && status != statusUnknown && !z.counted.has(status)) {
+		if q.Rule.Algorithm() == limiter.Concurrency || refunded {
 			reqs, results = append(reqs, *q), append(results, *res)
 		}
 	}
 	h.refundLater(sc.outcome, reqs, results)
+	h.settleLater(sc.outcome, settle, settleRes, real)
 }
 
 // giveBack gives back every charge of an admitted request that is not

@@ -66,6 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        limit <n>  lease <duration>      # concurrency
 //	        reserve <percent|placeholder>
 //	        count_status <code|class>...
+//	        cost_header <response header>     # token_bucket: settle the real cost after the response
 //	        ban <duration> after <n> in <window>
 //	        dry_run
 //	        prefetch <n> [<max_hold>]        # token_bucket, fixed_window: hot keys
@@ -465,7 +466,7 @@ var (
 		"ipv4_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv4Prefix }),
 		"ipv6_prefix": zonePrefix(func(z *Zone) *int { return &z.IPv6Prefix }),
 	}
-	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "dry_run", "prefetch", "exempt", "quota", "soft_shed"}
+	zoneLists     = []string{"key", "rate", "match", "ban", "count_status", "cost_header", "dry_run", "prefetch", "exempt", "quota", "soft_shed"}
 	zoneRuleLines = []string{"algorithm", "rate", "burst", "max_delay", "window", "events", "limit", "lease", "prefetch"}
 )
 
@@ -550,6 +551,16 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 			return d.Errf("zone %q: %v", z.Name, err)
 		}
 		z.CountStatus = args
+		return nil
+	case "cost_header":
+		args := d.RemainingArgs()
+		if len(args) != 1 {
+			return d.Errf("zone %q: cost_header takes one response header name: cost_header <header>", z.Name)
+		}
+		if !validFieldName(args[0]) {
+			return d.Errf("zone %q: cost_header %q is not a header field name", z.Name, args[0])
+		}
+		z.CostHeader = args[0]
 		return nil
 	case "exempt":
 		if err := unmarshalExempt(d, &z.Exempt); err != nil {

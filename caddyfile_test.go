@@ -1322,7 +1322,7 @@ func TestCaddyfileWantLists(t *testing.T) {
 		}, 14},
 		{"zone", func(sub string) string {
 			return ":80 {\n\trate_limit {\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t\t" + sub + "\n\t\t}\n\t}\n}\n"
-		}, 24},
+		}, 25},
 		{"redis", func(sub string) string {
 			return ":80 {\n\trate_limit {\n\t\tredis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\t" + sub + "\n\t\t}\n\t\tzone api {\n\t\t\trate 10 1s\n\t\t}\n\t}\n}\n"
 		}, 21},

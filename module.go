@@ -385,7 +385,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if sc.held {
 		// Admitted, but ended before it was passed on (its client left
 		// while a leaky bucket delayed it): give back what it holds.
-		h.release(sc, statusClientClosed)
+		h.release(sc, statusClientClosed, nil)
 	}
 	*sc = scratch{} // drop the keys and zones it refers to
 	scratchPool.Put(sc)

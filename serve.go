@@ -53,8 +53,9 @@ type scratch struct {
 	heldList []zoneDecision
 	outcome  limiter.Outcome
 	// held: a zone holds something until the response is written (a
-	// concurrency slot, or a charge that count_status may give back).
-	held, countStatus bool
+	// concurrency slot, a charge that count_status may give back, or one
+	// that cost_header settles).
+	held, countStatus, costHeader bool
 }
 
 // scratchPool recycles the scratch space of decisions.

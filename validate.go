@@ -169,6 +169,14 @@ func (z *Zone) validatePolicies() error {
 			return inSetting("count_status", err)
 		}
 	}
+	if z.CostHeader != "" {
+		if z.legacyForm() && z.Algorithm == "" {
+			alg = limiter.SlidingLog // window and events: that plugin's meaning
+		}
+		if err := checkCostHeader(z.CostHeader, alg); err != nil {
+			return inSetting("cost_header", err)
+		}
+	}
 	if z.Ban != nil {
 		if err := z.Ban.validate(); err != nil {
 			return inSetting("ban", err)
@@ -193,6 +201,8 @@ func (z *Zone) validateConcurrency() error {
 		return inSetting("count_status", errors.New("count_status does not apply to concurrency: a slot is always given back"))
 	case z.SoftShed != 0 || z.SoftShedMaxDelay != 0:
 		return inSetting("soft_shed", errSoftShedAlgorithm)
+	case z.CostHeader != "":
+		return inSetting("cost_header", checkCostHeader(z.CostHeader, limiter.Concurrency))
 	case z.Lease != 0 && (z.Lease < caddy.Duration(time.Millisecond) || z.Lease%caddy.Duration(time.Millisecond) != 0):
 		return inSetting("lease", limiter.ErrBadLease)
 	}

@@ -146,6 +146,18 @@ type Zone struct {
 	// Default: every response counts.
 	CountStatus []string `json:"count_status,omitempty"`
 
+	// CostHeader names a response header (or trailer) that carries the
+	// request's real cost, known only once the upstream answered (an LLM
+	// gateway's tokens used). The request is admitted on its up-front cost
+	// (Cost); once the response's headers, or its trailers for a streamed
+	// body, carry a non-negative integer in this field, the zone charges
+	// the difference (at most the burst) or gives it back, in one more
+	// store call after the response. The bucket may then owe more than
+	// its capacity: the key's next requests are denied until the refill
+	// has repaid it. A missing or invalid value leaves the up-front cost.
+	// Token bucket only. Default: none.
+	CostHeader string `json:"cost_header,omitempty"`
+
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
 	// turn; a request that would wait longer is denied. Default: 10s, or
 	// as long as the queue (Burst) takes to drain if that is shorter.
@@ -267,8 +279,9 @@ type Zone struct {
 	reserve     int64  // the static reserve, when reserveExpr is empty
 	reserveExpr string // placeholder expression of a dynamic reserve
 	counted     statusSet
-	countStatus bool // counted applies: the zone refunds what it does not count
-	allDryRun   bool // the handler's dry_run
+	countStatus bool   // counted applies: the zone refunds what it does not count
+	costHeader  string // CostHeader, canonical; empty: none
+	allDryRun   bool   // the handler's dry_run
 	errDenied   error
 	errNever    error
 	errBanned   error
@@ -378,6 +391,10 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.provisionKeys()
 	z.provisionCost()
 	z.provisionReserve()
+	z.costHeader = ""
+	if z.CostHeader != "" {
+		z.costHeader = http.CanonicalHeaderKey(z.CostHeader)
+	}
 	z.counted, z.countStatus = statusSet{}, len(z.CountStatus) > 0
 	if z.countStatus {
 		z.counted, _ = parseStatusSet(z.CountStatus)

@@ -53,7 +53,7 @@ func (z *Zone) compileRule(rate, burst int64) (*limiter.Rule, error) {
 		FleetSize: z.FleetSize,
 		DryRun:    z.DryRun || z.allDryRun,
 		Ban:       z.Ban.limiterBan(),
-		Refunds:   len(z.CountStatus) > 0,
+		Refunds:   len(z.CountStatus) > 0 || z.CostHeader != "",
 
 		Prefetch:     z.Prefetch,
 		PrefetchHold: time.Duration(z.PrefetchHold),

@@ -111,6 +111,11 @@ type statsZone struct {
 	// stayed).
 	Refunds        uint64 `json:"refunds"`
 	RefundsDropped uint64 `json:"refunds_dropped"`
+	// Settlements counts the cost_header settlements applied after the
+	// response, and SettlementsLost those the store failed every attempt
+	// of (the charge, or the refund, was not made).
+	Settlements     uint64 `json:"settlements"`
+	SettlementsLost uint64 `json:"settlements_lost"`
 	// Queue is, for a leaky bucket, its requests waiting for their turn
 	// on this node (for a soft-shedding token bucket: for their delay);
 	// absent for the other zones.
@@ -387,14 +392,16 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 	last := sec - 1 // the last whole second
 	info := z.info.Load()
 	zj := statsZone{
-		Name:           z.name,
-		Totals:         countsOf(z.loadTotals()),
-		DenyCacheHits:  z.hits.Load(),
-		Exempt:         z.exempt.Load(),
-		NearLimit:      z.nearLimit.Load(),
-		Evictions:      info.evictions(),
-		Refunds:        z.refunds.Load(),
-		RefundsDropped: z.refundsDropped.Load(),
+		Name:            z.name,
+		Totals:          countsOf(z.loadTotals()),
+		DenyCacheHits:   z.hits.Load(),
+		Exempt:          z.exempt.Load(),
+		NearLimit:       z.nearLimit.Load(),
+		Evictions:       info.evictions(),
+		Refunds:         z.refunds.Load(),
+		RefundsDropped:  z.refundsDropped.Load(),
+		Settlements:     z.settlements.Load(),
+		SettlementsLost: z.settlementsLost.Load(),
 		Rates: statsWindows{
 			One:   ratesOf(z.ring.sum(last, 1), 1),
 			Ten:   ratesOf(z.ring.sum(last, 10), 10),

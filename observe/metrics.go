@@ -28,6 +28,8 @@ import (
 //	caddy_rate_limit_evictions_total{zone}                 counter
 //	caddy_rate_limit_clock_offset_seconds{store}           gauge
 //	caddy_rate_limit_refunds_total{zone,result}            counter
+//	caddy_rate_limit_settlements_total{zone,result}        counter (settlements.go)
+//	caddy_rate_limit_settled_tokens_total{zone,result}     counter
 //	caddy_rate_limit_near_limit_total{zone}                counter
 //	caddy_rate_limit_soft_shed_delayed_total{zone}         counter
 //	caddy_rate_limit_soft_shed_delay_seconds{zone}         histogram
@@ -78,6 +80,8 @@ var metrics = struct {
 	decisions     *prometheus.CounterVec
 	cacheHits     *prometheus.CounterVec
 	refunds       *prometheus.CounterVec
+	settlements   *prometheus.CounterVec // settlements.go
+	settledTokens *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	breaker       *scrapeCollector
@@ -104,6 +108,7 @@ func initMetrics() {
 		metrics.refunds = newCounterVec("refunds_total",
 			"Charges given back after the response, per zone (count_status refunds, concurrency slots released), by result: applied, or dropped because the store failed (the charge stays).",
 			"zone", "result")
+		metrics.settlements, metrics.settledTokens = newSettleMetrics()
 		metrics.cacheHits = newCounterVec("deny_cache_hits_total",
 			"Requests denied by the node's deny cache without asking the store, per zone.",
 			"zone")
@@ -157,6 +162,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.cacheHits, metrics.refunds,
+		metrics.settlements, metrics.settledTokens,
 		metrics.storeDuration, metrics.storeErrors, metrics.breaker, metrics.evictions, metrics.clockOffset,
 		metrics.nearLimit, metrics.shedDelayed, metrics.shedDelay, metrics.memoryWarning, metrics.redisEvicted} {
 		if err := reg.Register(c); err != nil {
@@ -230,6 +236,7 @@ func releaseZoneSeries(zone string) {
 	for _, r := range refundResults {
 		metrics.refunds.DeleteLabelValues(zone, r)
 	}
+	deleteSettleSeries(zone)
 }
 
 // dropUser counts one user less of the series of key ("zone:NAME",

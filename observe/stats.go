@@ -122,11 +122,14 @@ type zoneStats struct {
 	// refunds and refundsDropped count charges given back after the
 	// response, and those the store failed to take back.
 	refunds, refundsDropped atomic.Uint64
-	ring                    counterRing
-	top                     *topKeys
-	nets                    *topKeys // the denied clients' networks (networkKey)
-	series                  zoneSeries
-	dead                    atomic.Bool
+	// settlements and settlementsLost count cost_header settlements
+	// applied, and those the store failed (settlements.go).
+	settlements, settlementsLost atomic.Uint64
+	ring                         counterRing
+	top                          *topKeys
+	nets                         *topKeys // the denied clients' networks (networkKey)
+	series                       zoneSeries
+	dead                         atomic.Bool
 
 	mu      sync.Mutex
 	holders []*zoneInfo              // one per handler holding the stats, oldest first
