@@ -13,6 +13,7 @@ const (
 	streamQuota
 	streamKeyResets
 	streamSoftShed
+	streamCostHeader
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -23,10 +24,11 @@ func featureRand(seed uint64, stream uint64) *rand.Rand {
 // drawFeatures draws the later features, each from its own stream.
 func (s *Scenario) drawFeatures() {
 	s.drawMaxWaiting(featureRand(s.Seed, streamMaxWaiting))
-	s.drawExempt(featureRand(s.Seed, streamExempt))     // exempt.go
-	s.drawQuota(featureRand(s.Seed, streamQuota))       // quota.go
-	s.drawResets(featureRand(s.Seed, streamKeyResets))  // reset.go
-	s.drawSoftShed(featureRand(s.Seed, streamSoftShed)) // softshed.go
+	s.drawExempt(featureRand(s.Seed, streamExempt))         // exempt.go
+	s.drawQuota(featureRand(s.Seed, streamQuota))           // quota.go
+	s.drawResets(featureRand(s.Seed, streamKeyResets))      // reset.go
+	s.drawSoftShed(featureRand(s.Seed, streamSoftShed))     // softshed.go
+	s.drawCostHeader(featureRand(s.Seed, streamCostHeader)) // costheader.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

@@ -124,10 +124,11 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 		if !ok || !counted(z.CountStatus, up.status) {
 			continue
 		}
-		cost := float64(q.cost)
+		upfront := q.cost
 		if z.Cost > 0 {
-			cost = float64(z.Cost)
+			upfront = z.Cost
 		}
+		cost := c.settledCost(z, q, upfront) // costheader.go
 		if up.at.After(last) {
 			last = up.at
 		}
@@ -146,6 +147,10 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 	if sp.spares > 0 {
 		allow += sp.spares
 		named = append(named, fmt.Sprintf("spares at the reset %.0f", sp.spares))
+	}
+	if share := c.costHeaderShare(z, sp.requests); share > 0 {
+		allow += share
+		named = append(named, fmt.Sprintf("cost_header in flight %.0f", share))
 	}
 	if !sp.from.IsZero() {
 		named = append(named, "since a key reset at "+sp.from.Format("15:04:05.000"))

@@ -24,7 +24,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	began := time.Now()
 	res := &Result{Scenario: s}
 	be := startBackend(t, s.Topology)
-	up, err := startUpstream(s.concurrencyZones)
+	up, err := startUpstream(s.concurrencyZones, s.hasCostHeader())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,6 +92,9 @@ type Zone struct {
 	// SoftShedMaxDelay its max delay (softshed.go).
 	SoftShed         int64
 	SoftShedMaxDelay time.Duration
+	// CostHeader gives a token bucket zone `cost_header X-Tokens-Used`:
+	// it settles the cost the upstream reports (costheader.go).
+	CostHeader bool
 }
 
 // Target is one path of the site: the zones that apply to it.

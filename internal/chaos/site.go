@@ -86,6 +86,9 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 		if z.SoftShed > 0 {
 			line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
 		}
+		if z.CostHeader {
+			line("cost_header %s", costHeaderName)
+		}
 	}
 	if z.Ban != nil {
 		line("ban %s after %d in %s", dur(z.Ban.Duration), z.Ban.After, dur(z.Ban.Window))

@@ -19,6 +19,9 @@ type upstream struct {
 	// czones returns the concurrency zones (name and limit) that apply to
 	// a path.
 	czones func(path string) []*Zone
+	// costs makes it report a real cost of each request in X-Tokens-Used
+	// (costheader.go).
+	costs bool
 
 	mu       sync.Mutex
 	seen     map[string]seenRequest // by X-Req
@@ -40,13 +43,14 @@ type peak struct {
 	at        time.Time
 }
 
-// startUpstream starts the upstream on a free loopback port.
-func startUpstream(czones func(path string) []*Zone) (*upstream, error) {
+// startUpstream starts the upstream on a free loopback port; with costs, it
+// reports each request's real cost (costheader.go).
+func startUpstream(czones func(path string) []*Zone, costs bool) (*upstream, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{addr: l.Addr().String(), czones: czones, seen: map[string]seenRequest{}, inflight: map[string]int64{}}
+	u := &upstream{addr: l.Addr().String(), czones: czones, costs: costs, seen: map[string]seenRequest{}, inflight: map[string]int64{}}
 	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = u.srv.Serve(l) }()
 	return u, nil
@@ -86,8 +90,13 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set("X-Upstream", "1")
+	after := func() {}
+	if u.costs {
+		after = reportCost(w, r.Header.Get("X-Req"))
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte("up"))
+	after()
 	if track {
 		u.mu.Lock()
 		for _, z := range zones {
