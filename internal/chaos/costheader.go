@@ -1,12 +1,16 @@
 package chaos
 
 import (
+	"cmp"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
 // Costs known only after the response: some token bucket zones take
@@ -99,12 +103,39 @@ func reportCost(w http.ResponseWriter, id string) (after func()) {
 	return func() { w.Header().Set(costHeaderName, v) }
 }
 
+// settlementsLost waits for the settlements of the load's last responses
+// to land, and returns the tokens each zone's settlements lost (the store
+// failed every attempt), summed over the nodes' metrics: what the bound's
+// allowance "settlements lost" counts.
+func (s *Scenario) settlementsLost(nodes []*localfleet.Node, waited time.Duration) map[string]float64 {
+	if !s.hasCostHeader() {
+		return nil
+	}
+	if waited < settleLate {
+		time.Sleep(settleLate - waited)
+	}
+	lost := map[string]float64{}
+	for _, n := range nodes {
+		m, err := n.Metrics()
+		if err != nil {
+			continue // a node down: its uncounted losses are the kill's (settledCost)
+		}
+		for zone, v := range m.By("zone", "caddy_rate_limit_settled_tokens_total", "result", "lost") {
+			lost[zone] += v
+		}
+	}
+	return lost
+}
+
 // settledCost is what zone z charged request q in the end, given its
 // up-front cost: the cost the upstream reported, at most the up-front cost
-// plus the burst. Where the settlement is uncertain (the client got no
-// answer from the upstream, so the proxy may not have read the field; or
-// Redis was down while it was to land, and it may have been lost, which
-// the documented bound leaves out), the lesser of the two.
+// plus the burst. Where the settlement is uncertain, the lesser of the
+// two: the client got no answer from the upstream (the proxy may not have
+// read the field), or a node was killed while it was to land (a process
+// that dies loses its queued settlements, and its count of lost ones; a
+// run with a kill treats Redis' faults so too). A settlement the store
+// lost in a Redis fault is counted in the metrics, and allowed for by
+// settleLostShare.
 func (c *checker) settledCost(z *Zone, q *request, upfront int64) float64 {
 	if !z.CostHeader {
 		return float64(upfront)
@@ -117,29 +148,89 @@ func (c *checker) settledCost(z *Zone, q *request, upfront int64) float64 {
 	} else {
 		settled = real
 	}
-	if q.status == 0 || !q.fromApp || c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.redisDown) {
+	if q.status == 0 || !q.fromApp || c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.settleLoss) {
 		settled = min(settled, upfront)
 	}
 	return float64(settled)
 }
 
-// costHeaderShare is the allowance named "cost_header in flight": each
-// request of the bucket in flight at once may report up to a burst beyond
-// its up-front cost before the bucket's debt denies the key. The most in
-// flight at once is at most the workers of the bucket's clients.
+// settleLoss matches the faults whose lost settlements no metric counts:
+// a node killed, and Redis' faults in a run with one.
+func (c *checker) settleLoss(kind string) bool {
+	if kind == FaultNodeKill {
+		return true
+	}
+	if !c.redisDown(kind) {
+		return false
+	}
+	for _, w := range c.o.windows {
+		if w.kind == FaultNodeKill {
+			return true
+		}
+	}
+	return false
+}
+
+// settleLostShare is the allowance named "settlements lost": the tokens
+// of zone z's settlements that the store lost, counted by the nodes (a
+// zone's, whichever bucket they were of).
+func (c *checker) settleLostShare(z *Zone) float64 {
+	if !z.CostHeader {
+		return 0
+	}
+	return c.o.settleLost[z.Name]
+}
+
+// settleLag is how long after its response a settlement is taken to land
+// outside Redis' faults (inside them: settleLate).
+const settleLag = 200 * time.Millisecond
+
+// costHeaderShare is the allowance named "cost_header in flight": a request
+// admitted while others of its bucket are in flight (admitted, their
+// settlements not landed yet) finds room for their up-front costs only,
+// and each of those then settles what it cost beyond (at most a burst: the
+// documented bound allows a burst per request in flight). So the bound
+// holds with, more, the most that the bucket's requests in flight at once
+// settled beyond their up-front costs, each counted from its sending until
+// its settlement lands (settleLag after its answer, settleLate in a Redis
+// fault).
 func (c *checker) costHeaderShare(z *Zone, requests []*request) float64 {
 	if !z.CostHeader {
 		return 0
 	}
-	seen := map[*Client]bool{}
-	var share float64
+	type edge struct {
+		at     time.Time
+		excess float64
+	}
+	var edges []edge
 	for _, q := range requests {
-		if seen[q.client] {
+		if _, ok := c.o.seen[q.id]; !ok {
 			continue
 		}
-		seen[q.client] = true
-		_, burst := c.s.rule(z, q.client)
-		share += float64(q.client.Workers) * float64(burst)
+		upfront := q.cost
+		if z.Cost > 0 {
+			upfront = z.Cost
+		}
+		excess := c.settledCost(z, q, upfront) - float64(upfront)
+		if excess <= 0 {
+			continue
+		}
+		end := q.done.Add(settleLag)
+		if c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.redisDown) {
+			end = q.done.Add(settleLate)
+		}
+		edges = append(edges, edge{q.sent, excess}, edge{end, -excess})
 	}
-	return share
+	slices.SortFunc(edges, func(a, b edge) int {
+		if d := a.at.Compare(b.at); d != 0 {
+			return d
+		}
+		return cmp.Compare(b.excess, a.excess) // starts before ends: overlaps count
+	})
+	var in, most float64
+	for _, e := range edges {
+		in += e.excess
+		most = max(most, in)
+	}
+	return most
 }

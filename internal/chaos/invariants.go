@@ -17,6 +17,9 @@ type observed struct {
 	windows  []window
 	bans     []banSeen
 	resets   []resetDone // the key resets (reset.go)
+	// settleLost are the tokens each cost_header zone's settlements lost,
+	// by the nodes' metrics (costheader.go).
+	settleLost map[string]float64
 }
 
 // checker checks one run's observations against the scenario's model.
@@ -151,6 +154,10 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 	if share := c.costHeaderShare(z, sp.requests); share > 0 {
 		allow += share
 		named = append(named, fmt.Sprintf("cost_header in flight %.0f", share))
+	}
+	if share := c.settleLostShare(z); share > 0 {
+		allow += share
+		named = append(named, fmt.Sprintf("settlements lost %.0f", share))
 	}
 	if !sp.from.IsZero() {
 		named = append(named, "since a key reset at "+sp.from.Format("15:04:05.000"))

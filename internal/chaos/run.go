@@ -87,7 +87,8 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	time.Sleep(settle)
 	stopBans()
 
-	obs := &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets}
+	obs := &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets,
+		settleLost: s.settlementsLost(nodes, settle)}
 	c := &checker{s: s, o: obs}
 	for _, r := range resets {
 		if r.err != "" && !c.inFault(r.sent, r.done, 0, 0, c.redisDown) {
