@@ -338,3 +338,37 @@ func TestSettleLocal(t *testing.T) {
 	}
 
 }
+
+// TestSettleFromSpares: a request admitted from a node's prefetched
+// spares settles on the shared bucket, as any other: another node sees
+// the charge at once.
+func TestSettleFromSpares(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clk := newTestClock(epoch + 3e12)
+	r := mustConfig(t, RuleConfig{Name: "hot", Rate: 100, Per: time.Second, Burst: 100, Prefetch: 10, Refunds: true})
+	a := New(newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "sp:", Clock: clk}), Options{})
+	b := New(newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "sp:", Clock: clk}), Options{})
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	ctx := context.Background()
+	res := make([]Result, 1)
+	if out := a.Decide(ctx, []Request{{Rule: r, Key: "k", Cost: 1}}, res); out != Allowed || res[0].spares != 9 {
+		t.Fatalf("the first request: %s, %d spares; want allowed with 9", out, res[0].spares)
+	}
+	q := Request{Rule: r, Key: "k", Cost: 1}
+	if out := a.Decide(ctx, []Request{q}, res); out != Allowed {
+		t.Fatalf("the second request: %s", out)
+	}
+	if hits, _, _ := a.PrefetchStats(); hits != 1 {
+		t.Fatalf("the second request was not admitted from the spares: %d hits", hits)
+	}
+	if st, err := a.Settle(ctx, Allowed, q, res[0], 51); err != nil || st.Tokens != 50 {
+		t.Fatalf("settling a request admitted from spares: %+v, %v", st, err)
+	}
+	// Redis: 1 + 9 spares + 50 settled owed; the other node's request
+	// leaves 100 - 61 = 39 (Remaining counts the spares it takes).
+	if out := b.Decide(ctx, []Request{{Rule: r, Key: "k", Cost: 1}}, res); out != Allowed || res[0].Remaining != 39 {
+		t.Fatalf("another node after the settlement: %s, %d left; want 39", out, res[0].Remaining)
+	}
+}
