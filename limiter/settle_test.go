@@ -360,7 +360,7 @@ func TestSettleFromSpares(t *testing.T) {
 	if out := a.Decide(ctx, []Request{q}, res); out != Allowed {
 		t.Fatalf("the second request: %s", out)
 	}
-	if hits, _, _ := a.PrefetchStats(); hits != 1 {
+	if hits := a.PrefetchStats(r).Hits; hits != 1 {
 		t.Fatalf("the second request was not admitted from the spares: %d hits", hits)
 	}
 	if st, err := a.Settle(ctx, Allowed, q, res[0], 51); err != nil || st.Tokens != 50 {
