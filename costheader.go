@@ -24,15 +24,24 @@ import (
 // queued like a refund, never on the response's path.
 
 // checkCostHeader checks a zone's cost_header: a header field name, on a
-// token bucket zone.
+// token bucket zone or a quota.
 func checkCostHeader(name string, alg limiter.Algorithm) error {
-	if alg != limiter.TokenBucket {
-		return fmt.Errorf("cost_header applies to token_bucket only, not %s: only a bucket can owe what a response cost beyond its up-front cost", alg)
+	if alg != limiter.TokenBucket && alg != limiter.Quota {
+		return fmt.Errorf("cost_header applies to token_bucket zones and quotas only, not %s: only a bucket or a quota can owe what a response cost beyond its up-front cost", alg)
 	}
 	if !validFieldName(name) {
 		return fmt.Errorf("cost_header %q is not a header field name", name)
 	}
 	return nil
+}
+
+// costHeaderName returns the response field the zone reads its real cost
+// from: its own cost_header, or, for a quota beside a rate, its zone's.
+func (z *Zone) costHeaderName() string {
+	if z.quotaOf != nil {
+		return z.quotaOf.CostHeader
+	}
+	return z.CostHeader
 }
 
 // validFieldName reports whether s is an HTTP field name (RFC 9110's token).

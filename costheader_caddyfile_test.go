@@ -43,7 +43,7 @@ func TestCostHeaderBadCaddyfile(t *testing.T) {
 			cost_header X-Tokens-Used
 		}
 	}
-}`, 6, `cost_header applies to token_bucket only, not sliding_window`},
+}`, 6, `cost_header applies to token_bucket zones and quotas only, not sliding_window`},
 		{"caddy-ratelimit form", `:80 {
 	rate_limit {
 		zone llm {
@@ -52,7 +52,7 @@ func TestCostHeaderBadCaddyfile(t *testing.T) {
 			cost_header X-Tokens-Used
 		}
 	}
-}`, 6, `cost_header applies to token_bucket only, not sliding_log`},
+}`, 6, `cost_header applies to token_bucket zones and quotas only, not sliding_log`},
 		{"concurrency", `:80 {
 	rate_limit {
 		zone llm {
@@ -61,7 +61,7 @@ func TestCostHeaderBadCaddyfile(t *testing.T) {
 			cost_header X-Tokens-Used
 		}
 	}
-}`, 6, `cost_header applies to token_bucket only, not concurrency`},
+}`, 6, `cost_header applies to token_bucket zones and quotas only, not concurrency`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

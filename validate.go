@@ -170,8 +170,11 @@ func (z *Zone) validatePolicies() error {
 		}
 	}
 	if z.CostHeader != "" {
-		if z.legacyForm() && z.Algorithm == "" {
+		switch {
+		case z.legacyForm() && z.Algorithm == "":
 			alg = limiter.SlidingLog // window and events: that plugin's meaning
+		case z.quotaOnly():
+			alg = limiter.Quota
 		}
 		if err := checkCostHeader(z.CostHeader, alg); err != nil {
 			return inSetting("cost_header", err)

@@ -155,7 +155,8 @@ type Zone struct {
 	// store call after the response. The bucket may then owe more than
 	// its capacity: the key's next requests are denied until the refill
 	// has repaid it. A missing or invalid value leaves the up-front cost.
-	// Token bucket only. Default: none.
+	// The zone's quota settles on it too. Token bucket zones and quotas
+	// only. Default: none.
 	CostHeader string `json:"cost_header,omitempty"`
 
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
@@ -392,8 +393,8 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.provisionCost()
 	z.provisionReserve()
 	z.costHeader = ""
-	if z.CostHeader != "" {
-		z.costHeader = http.CanonicalHeaderKey(z.CostHeader)
+	if h := z.costHeaderName(); h != "" {
+		z.costHeader = http.CanonicalHeaderKey(h)
 	}
 	z.counted, z.countStatus = statusSet{}, len(z.CountStatus) > 0
 	if z.countStatus {

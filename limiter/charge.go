@@ -19,7 +19,7 @@ type Charge struct {
 	// Key is the client key.
 	Key string
 	// Ticks is the charge in the rule's ticks (a token is the rule's
-	// refill interval in ticks).
+	// refill interval in ticks); a quota's, in requests.
 	Ticks int64
 }
 
@@ -29,7 +29,8 @@ type charger interface {
 }
 
 // Charge charges each key's bucket what the local fallback admitted from it
-// (token and leaky buckets; the others are skipped): one script call per
+// (token and leaky buckets), or a settlement (settle.go: token buckets and
+// quotas); the others are skipped: one script call per
 // key, queued like refunds and sent together, bounded by the store's
 // timeout. A charge may leave a bucket in debt beyond its capacity: the
 // key's next requests then wait for the refill the outage already spent.
@@ -44,7 +45,7 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 	defer cancel()
 	calls := make([]*call, 0, len(charges))
 	for _, ch := range charges {
-		if ch.Ticks <= 0 || (ch.Rule.alg != TokenBucket && ch.Rule.alg != LeakyBucket) {
+		if ch.Ticks <= 0 || !ch.Rule.chargeable() {
 			continue
 		}
 		calls = append(calls, &call{
@@ -72,13 +73,14 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 }
 
 // Charge charges each key's bucket as the Redis store's Charge does, with
-// the same arithmetic as the refund script's charge mode: the bucket may
-// be left owing more than its capacity, at most lua.MaxChargeDebt ticks.
-// It never fails.
+// the same arithmetic as the refund script's charge mode: a token or leaky
+// bucket may be left owing more than its capacity, at most
+// lua.MaxChargeDebt ticks; a quota's current period counts the charge
+// (settle.go). It never fails.
 func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 	for _, ch := range charges {
 		r := ch.Rule
-		if ch.Ticks <= 0 || (r.alg != TokenBucket && r.alg != LeakyBucket) {
+		if ch.Ticks <= 0 || !r.chargeable() {
 			continue
 		}
 		id := s.hash.id(r.bucket, ch.Key)
@@ -89,16 +91,29 @@ func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 		if !ok || e.expires <= now {
 			e.state = 0
 		}
-		debt := r.debt(e.state, now) + r.over(e.state, now)
-		debt = min(debt+min(ch.Ticks, lua.MaxChargeDebt), lua.MaxChargeDebt)
 		if limit := int(s.perShard.Load()); limit > 0 && !ok {
 			s.makeRoom(sh, limit, now)
 		}
-		st := r.stateAt(now, debt)
-		sh.m.put(id, memEntry{state: st, expires: st.fullAt()})
+		var st State
+		var expires int64
+		if r.alg == Quota {
+			st, expires = r.quotaCharge(e.state, now, ch.Ticks)
+		} else {
+			debt := r.debt(e.state, now) + r.over(e.state, now)
+			st = r.stateAt(now, min(debt+min(ch.Ticks, lua.MaxChargeDebt), lua.MaxChargeDebt))
+			expires = st.fullAt()
+		}
+		sh.m.put(id, memEntry{state: st, expires: expires})
 		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// chargeable reports whether a Charge applies to the rule's buckets: the
+// token and leaky buckets (in ticks), and quotas (settlements, in
+// requests).
+func (r *Rule) chargeable() bool {
+	return r.alg == TokenBucket || r.alg == LeakyBucket || r.alg == Quota
 }
 
 // pinger is a store that can tell whether it answers without deciding

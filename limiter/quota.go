@@ -188,6 +188,15 @@ func (r *Rule) quotaRefund(e memEntry, now, cost, at int64) (State, int64, bool)
 	return State(max(0, used-cost)*quotaTags + quotaTag(start)), end, true
 }
 
+// quotaCharge returns the state of a quota after a settlement's charge of n
+// (cost_header), seen at microsecond now: the current period counts it, its
+// count at most twice the quota (lua/quota.lua's charge).
+func (r *Rule) quotaCharge(s State, now, n int64) (State, int64) {
+	start, end := r.periodAt(now)
+	used := min(quotaUsed(s, start)+n, 2*r.rate)
+	return State(used*quotaTags + quotaTag(start)), end
+}
+
 // quotaArgs returns a quota's arguments for the Redis scripts at this
 // node's microsecond now: the rule's, with the first instants of the three
 // periods around now as its first three parameters.

@@ -20,7 +20,8 @@ import (
 // A request decided on the local fallback buckets (an outage) settles on
 // its local bucket, and the outage's ledger takes the difference, so that
 // it reaches the store with the rest of the key's charge when the store
-// answers again. A request admitted from a node's prefetched spares
+// answers again. A quota settles too, in the period the settlement lands
+// in (its local count during an outage, which is not charged back). A request admitted from a node's prefetched spares
 // settles on the store's bucket, as any other.
 //
 // A charge that the store fails is sent again, settleAttempts times in
@@ -73,7 +74,7 @@ func SettleTokens(r *Rule, upfront, real int64) (tokens int64, capped bool) {
 }
 
 // Settle settles the real cost of an admitted request in one token bucket
-// zone: q and res are the zone's request and result as Decide left them
+// zone or quota (a quota's count: see quotaCharge): q and res are the zone's request and result as Decide left them
 // (q.Cost is the cost it was admitted on), outcome the request's, and real
 // the cost its response reported. It charges or refunds the difference
 // (see SettleTokens) where the request was decided: the store (Allowed),
@@ -84,7 +85,7 @@ func SettleTokens(r *Rule, upfront, real int64) (tokens int64, capped bool) {
 // about two seconds, before it is lost (ErrNotSettled).
 func (l *Limiter) Settle(ctx context.Context, outcome Outcome, q Request, res Result, real int64) (Settlement, error) {
 	r := q.Rule
-	if r == nil || r.alg != TokenBucket || r.dryRun || res.Unknown || res.DryRun ||
+	if r == nil || (r.alg != TokenBucket && r.alg != Quota) || r.dryRun || res.Unknown || res.DryRun ||
 		(outcome != Allowed && outcome != LocalAllowed) {
 		return Settlement{}, nil
 	}
@@ -122,7 +123,7 @@ func (l *Limiter) settleStore(ctx context.Context, q Request, res Result, st *Se
 	if !ok {
 		return nil
 	}
-	charges := []Charge{{Rule: q.Rule, Key: q.Key, Ticks: st.Tokens * q.Rule.interval}}
+	charges := []Charge{{Rule: q.Rule, Key: q.Key, Ticks: q.Rule.chargeUnits(st.Tokens)}}
 	var err error
 	for a := range settleAttempts {
 		if a > 0 {
@@ -166,14 +167,23 @@ func (l *Limiter) settleLocal(ctx context.Context, q Request, res Result, st *Se
 	o.mu.Unlock()
 	st.Attempts++
 	if st.Tokens > 0 {
-		_ = m.Charge(ctx, []Charge{{Rule: local, Key: q.Key, Ticks: st.Tokens * local.interval}})
-		if e == nil {
+		_ = m.Charge(ctx, []Charge{{Rule: local, Key: q.Key, Ticks: local.chargeUnits(st.Tokens)}})
+		if e == nil && r.alg == TokenBucket { // a quota's local count is not charged back
 			return l.settleStore(ctx, q, res, st)
 		}
 		return nil
 	}
 	q.Rule, q.Cost = local, -st.Tokens
 	return m.Refund(ctx, []Request{q}, []Result{res})
+}
+
+// chargeUnits returns tokens in the units of a Charge of the rule: ticks of
+// a bucket, requests of a quota.
+func (r *Rule) chargeUnits(tokens int64) int64 {
+	if r.alg == Quota {
+		return tokens
+	}
+	return tokens * r.interval
 }
 
 // Settlements returns how many settlements the limiter applied or tried,

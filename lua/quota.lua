@@ -41,8 +41,12 @@ if cost + auxn > p4 then flag = NEVER elseif r1 + cost + auxn <= p4 then flag = 
 put(ki, (r1 + cost) * 1024 + floor((now + r2 - r3) / 60000000) % 1024, ceil_div(r2, 1000))
 
 --@refund
--- Only the period that counted the charge (aux: its time) gives it back.
+-- Only the period that counted the charge (aux: its time) gives it back. A
+-- settlement's charge (aux CHARGE - n: n requests' worth, cost_header)
+-- counts in the period it lands in, the count at most twice the limit.
 local s, e, tag, used = quota_at(ki, p1, p2, p3)
-if s and auxn >= s and auxn < e and used > 0 then
+if s and auxn < CHARGE then
+  put(ki, min(used + CHARGE - auxn, 2 * p4) * 1024 + tag, ceil_div(e - now, 1000))
+elseif s and auxn >= s and auxn < e and used > 0 then
   put(ki, max(0, used - cost) * 1024 + tag, ceil_div(e - now, 1000))
 end

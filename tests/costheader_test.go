@@ -19,8 +19,8 @@ import (
 // the tokens a prompt used in X-Tokens-Used, in the header or (streamed)
 // in a trailer.
 type llmApp struct {
-	// gate holds the /used answers until three prompts are in flight, so
-	// that all three are admitted before any settles.
+	// gate, if set, holds the /used answers until three prompts are in
+	// flight, so that all three are admitted before any settles.
 	gate chan struct{}
 	once sync.Once
 	mu   sync.Mutex
@@ -30,16 +30,18 @@ type llmApp struct {
 func (a *llmApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := r.URL.Query().Get("n")
 	switch r.URL.Path {
-	case "/used": // the header, once three prompts are in flight
-		a.mu.Lock()
-		a.seen++
-		if a.seen == 3 {
-			a.once.Do(func() { close(a.gate) })
-		}
-		a.mu.Unlock()
-		select {
-		case <-a.gate:
-		case <-time.After(10 * time.Second):
+	case "/used": // the header (with a gate, once three prompts are in flight)
+		if a.gate != nil {
+			a.mu.Lock()
+			a.seen++
+			if a.seen == 3 {
+				a.once.Do(func() { close(a.gate) })
+			}
+			a.mu.Unlock()
+			select {
+			case <-a.gate:
+			case <-time.After(10 * time.Second):
+			}
 		}
 		w.Header().Set("X-Tokens-Used", n)
 		fmt.Fprintln(w, "answer")
@@ -252,4 +254,42 @@ func leaveMidStream(t *testing.T, n *localfleet.Node, path, key string) {
 		t.Fatalf("%s: first chunk %q, %v", path, line, err)
 	}
 	resp.Body.Close() // hang up mid-stream
+}
+
+// TestCostHeaderQuota: a gateway's tokens per minute and per month, both
+// settled on what the upstream reports: three prompts at cost 1 that
+// report 400 tokens each spend the monthly quota of 1,000 (the third is
+// admitted on its cost of 1, and then settled), and the fourth is denied
+// until the month ends. On one node's memory store.
+func TestCostHeaderQuota(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(&llmApp{})
+	t.Cleanup(srv.Close)
+	n := startCaddy(t, "", fmt.Sprintf(`
+	rate_limit {
+		zone llm {
+			key {header.X-Key}
+			rate 100000 1m
+			quota 1000 per month
+			cost_header X-Tokens-Used
+		}
+	}
+	reverse_proxy %s`, strings.TrimPrefix(srv.URL, "http://")))
+	var statuses []int
+	var last response
+	for i := range 4 {
+		last = n.do("GET", "/used?n=400", "X-Key: erin")
+		statuses = append(statuses, last.Status)
+		if i < 3 {
+			time.Sleep(200 * time.Millisecond) // the settlement lands after the response
+		}
+	}
+	t.Logf("four prompts reporting 400 tokens each against a monthly quota of 1,000: %v; the fourth's Retry-After %ss, RateLimit %q",
+		statuses, last.Header.Get("Retry-After"), last.Header.Get("RateLimit"))
+	if fmt.Sprint(statuses) != "[200 200 200 429]" {
+		t.Fatalf("statuses %v, want the quota spent by the third prompt's settlement", statuses)
+	}
+	if !strings.Contains(last.Header.Get("RateLimit"), `"llm.quota";r=0`) {
+		t.Errorf("the fourth prompt's RateLimit %q does not show the quota spent", last.Header.Get("RateLimit"))
+	}
 }
