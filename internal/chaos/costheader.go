@@ -154,6 +154,36 @@ func (c *checker) settledCost(z *Zone, q *request, upfront int64) float64 {
 	return float64(settled)
 }
 
+// settledQuota is what a cost_header zone's quota counted of request q in
+// the end: as settledCost, the difference capped at the quota.
+func (c *checker) settledQuota(z *Zone, q *request, upfront int64) float64 {
+	if !z.CostHeader {
+		return float64(upfront)
+	}
+	real, _ := reportedCost(q.id)
+	settled := real
+	if real-upfront > z.Quota {
+		settled = upfront + z.Quota
+	}
+	if q.status == 0 || !q.fromApp || c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.settleLoss) {
+		settled = min(settled, upfront)
+	}
+	return float64(settled)
+}
+
+// quotaSettleShare is the allowance of a cost_header zone's quota: what the
+// requests in flight at once settled beyond their up-front costs (see
+// costHeaderShare), and the tokens of the quota's settlements the nodes
+// counted as lost (its zone `<name>.quota`).
+func (c *checker) quotaSettleShare(z *Zone, requests []*request) float64 {
+	if !z.CostHeader {
+		return 0
+	}
+	return c.inFlightExcess(requests, func(q *request, upfront int64) float64 {
+		return c.settledQuota(z, q, upfront) - float64(upfront)
+	}, z) + c.o.settleLost[z.Name+".quota"]
+}
+
 // settleLoss matches the faults whose lost settlements no metric counts:
 // a node killed, and Redis' faults in a run with one.
 func (c *checker) settleLoss(kind string) bool {
@@ -198,6 +228,16 @@ func (c *checker) costHeaderShare(z *Zone, requests []*request) float64 {
 	if !z.CostHeader {
 		return 0
 	}
+	return c.inFlightExcess(requests, func(q *request, upfront int64) float64 {
+		return c.settledCost(z, q, upfront) - float64(upfront)
+	}, z)
+}
+
+// inFlightExcess returns the most that requests in flight at once settled
+// beyond their up-front costs (excess), each counted from its sending until
+// its settlement lands (settleLag after its answer, settleLate in a Redis
+// fault).
+func (c *checker) inFlightExcess(requests []*request, excessOf func(q *request, upfront int64) float64, z *Zone) float64 {
 	type edge struct {
 		at     time.Time
 		excess float64
@@ -211,7 +251,7 @@ func (c *checker) costHeaderShare(z *Zone, requests []*request) float64 {
 		if z.Cost > 0 {
 			upfront = z.Cost
 		}
-		excess := c.settledCost(z, q, upfront) - float64(upfront)
+		excess := excessOf(q, upfront)
 		if excess <= 0 {
 			continue
 		}

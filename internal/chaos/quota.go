@@ -141,7 +141,7 @@ func (c *checker) checkQuotas() []string {
 			if z.Cost > 0 {
 				cost = z.Cost
 			}
-			tokens += float64(cost)
+			tokens += c.settledQuota(z, q, cost) // costheader.go
 		}
 		if tokens == 0 {
 			continue
@@ -150,6 +150,10 @@ func (c *checker) checkQuotas() []string {
 		bound := float64(z.Quota) * float64(periods)
 		var allow float64
 		var named []string
+		if share := c.quotaSettleShare(z, b.requests); share > 0 {
+			allow += share
+			named = append(named, fmt.Sprintf("cost_header %.0f", share))
+		}
 		for _, w := range c.o.windows {
 			if w.until().Before(first) || w.start.After(last) {
 				continue
