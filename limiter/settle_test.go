@@ -166,17 +166,23 @@ func settleTrace(t *testing.T, s settleStores, seed uint64) {
 // TestSettleDebt: a key that drained its bucket and then reports ten
 // times its up-front cost owes beyond the capacity; its next request is
 // denied with a Retry-After that counts the whole debt, and admitted once
-// that has passed, on the memory store and on Redis alike.
+// that has passed, on the memory store and on Redis (single and Sentinel)
+// alike.
 func TestSettleDebt(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	for _, name := range []string{"memory", "redis"} {
+	for _, name := range []string{"memory", "redis", "sentinel"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			clk := newTestClock(epoch + 2e12)
 			var store Store = newMemory(t, clk)
-			if name == "redis" {
+			switch name {
+			case "redis":
+				srv := redistest.Start(t)
 				store = newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "debt:", Clock: clk})
+			case "sentinel":
+				st := redistest.StartSentinel(t)
+				store = newRedisStore(t, RedisOptions{SentinelMaster: st.MasterName(), SentinelAddresses: st.SentinelAddrs(),
+					KeyPrefix: "debt:", Clock: clk})
 			}
 			l := New(store, Options{})
 			t.Cleanup(l.Close)
