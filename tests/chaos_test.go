@@ -18,8 +18,9 @@ var (
 // chaosSeeds are the seeds the checker runs by default: within about a
 // minute, one Redis whose clients are killed, paused and made to sleep
 // under three nodes, a memory store reloaded four times beside an exempt
-// client, and concurrency slots across a SIGSTOP and a DEBUG SLEEP.
-var chaosSeeds = []uint64{8, 9, 25}
+// client, concurrency slots across a SIGSTOP and a DEBUG SLEEP, and
+// cost_header zones (one with a quota) through a node's kill -9.
+var chaosSeeds = []uint64{8, 9, 25, 89}
 
 // chaosLoad is how long each default scenario's clients send.
 const chaosLoad = 6 * time.Second

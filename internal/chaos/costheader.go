@@ -60,6 +60,14 @@ func (s *Scenario) onRefundedTarget(zi int) bool {
 	return false
 }
 
+// costSummary describes a zone's cost_header for Summary: "" for none.
+func costSummary(z *Zone) string {
+	if !z.CostHeader {
+		return ""
+	}
+	return "+cost_header"
+}
+
 // hasCostHeader reports whether a zone of the scenario has cost_header.
 func (s *Scenario) hasCostHeader() bool {
 	for _, z := range s.Zones {

@@ -570,7 +570,7 @@ func (s *Scenario) drawFaults(r *rand.Rand) {
 func (s *Scenario) Summary() string {
 	var zs, fs []string
 	for _, z := range s.Zones {
-		zs = append(zs, z.Name+":"+z.Algorithm+shedSummary(z)) // softshed.go
+		zs = append(zs, z.Name+":"+z.Algorithm+shedSummary(z)+costSummary(z)) // softshed.go, costheader.go
 	}
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)
