@@ -92,27 +92,40 @@ func (s *Scenario) injectResets(ctx context.Context, nodes []*localfleet.Node, s
 		}
 		z, key := s.Zones[kr.Zone], s.Clients[kr.Client].Key
 		d := resetDone{zone: kr.Zone, key: bucketKey(key)}
-		u := "http://" + nodes[kr.Node].Admin + "/rate_limit/keys/" + z.Name + "/" + url.PathEscape(key)
-		req, _ := http.NewRequest(http.MethodDelete, u, nil)
-		d.sent = time.Now()
-		resp, err := cl.Do(req)
-		d.done = time.Now()
-		switch {
-		case err != nil:
-			d.err = err.Error()
-		default:
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			var answer struct {
-				Reset []json.RawMessage `json:"reset"`
-			}
-			if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &answer) != nil || len(answer.Reset) == 0 {
-				d.err = fmt.Sprintf("%d %s", resp.StatusCode, body)
+		// Through the drawn node, or, if a fault killed it, the next
+		// one: a reset through any node resets the fleet's bucket.
+		for i := range nodes {
+			n := nodes[(kr.Node+i)%len(nodes)]
+			u := "http://" + n.Admin + "/rate_limit/keys/" + z.Name + "/" + url.PathEscape(key)
+			d.sent = time.Now()
+			d.err = deleteKey(cl, u)
+			d.done = time.Now()
+			if d.err == "" {
+				break
 			}
 		}
 		out = append(out, d)
 	}
 	return out
+}
+
+// deleteKey sends a key reset's DELETE to u, and returns why it did not
+// reset the key ("" when it did).
+func deleteKey(cl *http.Client, u string) string {
+	req, _ := http.NewRequest(http.MethodDelete, u, nil)
+	resp, err := cl.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	var answer struct {
+		Reset []json.RawMessage `json:"reset"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &answer) != nil || len(answer.Reset) == 0 {
+		return fmt.Sprintf("%d %s", resp.StatusCode, body)
+	}
+	return ""
 }
 
 // span is a part of a bucket's requests whose bound is checked on its own:
