@@ -135,6 +135,18 @@ func (p *pendingReleases) take() []*call {
 	return out
 }
 
+// keepUnsent keeps slot releases made while a round of releases ran (of
+// its calls whose replies were lost), to send with the next round.
+func (p *pendingReleases) keepUnsent(calls []*call) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range calls {
+		if !c.until.IsZero() && len(p.calls) < maxPendingReleases {
+			p.calls = append(p.calls, c)
+		}
+	}
+}
+
 // keepFailed keeps, of the calls just sent, the slot releases that could
 // not reach Redis and whose leases have not ended at now, as fresh calls.
 func (p *pendingReleases) keepFailed(sent []*call, now time.Time) {

@@ -119,9 +119,19 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 			// releases whose Redis could not be reached are kept to
 			// try again after a later batch (or releaseRetry), until
 			// their lease ends.
-			back := append(p.giveBack, s.releases.take()...)
+			//
+			// back is a list of its own: running it appends to
+			// p.giveBack the releases of its calls whose replies were
+			// lost (a give-back refund cut by a CLIENT KILL), which
+			// wait for the next round. (They were cleared unsent, and
+			// shared back's array: a give-back's slots stayed held for
+			// their lease.)
+			back := append(append([]*call(nil), p.giveBack...), s.releases.take()...)
+			clear(p.giveBack)
+			p.giveBack = p.giveBack[:0]
 			s.run(&p, back, inFlight)
 			s.releases.keepFailed(back, time.Now())
+			s.releases.keepUnsent(p.giveBack)
 			clear(p.giveBack)
 			p.giveBack = p.giveBack[:0]
 		}
