@@ -382,19 +382,12 @@ func clockOffsets() map[string]float64 {
 // 0. Two stores of the same name report 1 if either warns.
 func memoryWarnings() map[string]float64 {
 	out := map[string]float64{}
-	storeRegistry.Range(func(_, v any) bool {
-		s := v.(*storeStats)
-		if s.redis == nil {
-			return true
+	redisMemories(func(name string, m limiter.RedisMemory) {
+		val := 0.0
+		if redisMemoryOf(m).Warning != "" {
+			val = 1
 		}
-		if m, ok := s.redis.Memory(); ok {
-			val := 0.0
-			if redisMemoryOf(m).Warning != "" {
-				val = 1
-			}
-			out[s.name] = max(out[s.name], val)
-		}
-		return true
+		out[name] = max(out[name], val)
 	})
 	return out
 }
@@ -404,17 +397,24 @@ func memoryWarnings() map[string]float64 {
 // stores of the same name report the first one's.
 func redisEvictedKeys() map[string]float64 {
 	out := map[string]float64{}
+	redisMemories(func(name string, m limiter.RedisMemory) {
+		if _, seen := out[name]; !seen {
+			out[name] = float64(m.EvictedKeys)
+		}
+	})
+	return out
+}
+
+// redisMemories calls f with the name and the latest memory reading of
+// each Redis store whose memory has been read.
+func redisMemories(f func(name string, m limiter.RedisMemory)) {
 	storeRegistry.Range(func(_, v any) bool {
 		s := v.(*storeStats)
-		if s.redis == nil {
-			return true
-		}
-		if m, ok := s.redis.Memory(); ok {
-			if _, seen := out[s.name]; !seen {
-				out[s.name] = float64(m.EvictedKeys)
+		if s.redis != nil {
+			if m, ok := s.redis.Memory(); ok {
+				f(s.name, m)
 			}
 		}
 		return true
 	})
-	return out
 }
