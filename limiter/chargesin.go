@@ -120,11 +120,9 @@ func (l *Limiter) awaitFleetCharges(need int64) {
 // nothingToCharge records, in the background, that this node (whose store
 // came back, with no charges to make) does not hold the others' grace up.
 func (l *Limiter) nothingToCharge() {
-	b, ok := l.store.(chargeBarrier)
-	if !ok {
-		return
+	if b, ok := l.store.(chargeBarrier); ok {
+		go func() { _, _ = b.ChargesIn(context.Background()) }()
 	}
-	go func() { _, _ = b.ChargesIn(context.Background()) }()
 }
 
 // owingStore is a store that knows whether any of its limiters has local

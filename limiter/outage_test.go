@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,6 +32,16 @@ func outageLimiter(t *testing.T, srv *redistest.Server) (*Limiter, *Rule) {
 	l := New(rs, Options{Cache: NewDenyCache(DenyCacheOptions{}), Local: local})
 	t.Cleanup(l.Close)
 	return l, r
+}
+
+// pauseRedis pauses srv and returns the function that resumes it; a test
+// that fails before calling it leaves Redis resumed all the same.
+func pauseRedis(t *testing.T, srv *redistest.Server) (resume func()) {
+	srv.Pause()
+	var once sync.Once
+	resume = func() { once.Do(srv.Resume) }
+	t.Cleanup(resume)
+	return resume
 }
 
 // drain takes every token of the key's bucket through l, and returns when
@@ -107,17 +118,10 @@ func TestOutageChargedOnReturn(t *testing.T) {
 	srv := redistest.Start(t)
 	l, r := outageLimiter(t, srv)
 	drained := drain(t, l, r, "k")
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	resume := pauseRedis(t, srv)
 	time.Sleep(600 * time.Millisecond)
 	local := localAdmits(t, l, r, "k")
-	srv.Resume()
-	resumed = true
+	resume()
 	var back int64
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
@@ -266,17 +270,10 @@ func TestLateNodeHoldsTheGrace(t *testing.T) {
 	a, r := outageLimiter(t, srv)
 	b, _ := outageLimiter(t, srv)
 	drained := drain(t, a, r, "k")
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	resume := pauseRedis(t, srv)
 	time.Sleep(600 * time.Millisecond)
 	local := localAdmits(t, a, r, "k") + localAdmits(t, b, r, "k")
-	srv.Resume()
-	resumed = true
+	resume()
 	back := time.Now()
 
 	// The first node, alone for a second: local decisions only.
@@ -337,17 +334,10 @@ func TestIdleNodeDoesNotHoldTheGrace(t *testing.T) {
 	a, r := outageLimiter(t, srv)
 	_, _ = outageLimiter(t, srv) // the idle node: its store subscribes to the ban channel
 	drain(t, a, r, "k")
-	srv.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume()
-		}
-	}()
+	resume := pauseRedis(t, srv)
 	time.Sleep(300 * time.Millisecond)
 	localAdmits(t, a, r, "k")
-	srv.Resume()
-	resumed = true
+	resume()
 	back := time.Now()
 	var onRedis time.Duration
 	for time.Since(back) < 5*time.Second {
