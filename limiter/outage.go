@@ -319,12 +319,17 @@ func (l *Limiter) setStoreUp(up bool) {
 	if l.storeUp.Load() == up {
 		return
 	}
-	l.storeUp.Store(up)
-	switch {
-	case up && l.out.pending.Load() > 0:
+	// The grace begins before the store is marked up: a request that
+	// saw it up and no grace would let Redis decide ahead of the other
+	// nodes' charges.
+	if up && l.out.pending.Load() > 0 {
 		l.out.graceUntil.Store(time.Now().Add(returnGraceMax).UnixNano())
+		l.storeUp.Store(up)
 		l.announceCharging() // chargesin.go
-	case up:
+		return
+	}
+	l.storeUp.Store(up)
+	if up {
 		l.nothingToCharge() // chargesin.go
 	}
 }
