@@ -118,6 +118,21 @@ func BenchmarkServer(b *testing.B) {
 	}
 }
 
+// evalshaCalls returns how many EVALSHA srv has run.
+func evalshaCalls(b *testing.B, srv *redistest.Server) int64 {
+	b.Helper()
+	for line := range strings.SplitSeq(srv.MustDo("INFO", "commandstats"), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
 // processCPU returns the CPU time (user and system) this process has used.
 func processCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
@@ -189,6 +204,7 @@ func BenchmarkServerConcurrent(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.SetParallelism(50)
+			calls0 := evalshaCalls(b, srv)
 			cpu0 := processCPU(b)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -200,6 +216,9 @@ func BenchmarkServerConcurrent(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
+			// Script calls per request: how well the decisions waiting at
+			// once shared them (0 without Redis).
+			b.ReportMetric(float64(evalshaCalls(b, srv)-calls0)/float64(b.N), "evalsha/op")
 		})
 	}
 }
