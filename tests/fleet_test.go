@@ -79,15 +79,13 @@ func TestFleetExactness(t *testing.T) {
 	}
 }
 
-var evalshaCalls = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+)`)
-
+// scriptCalls returns the EVALSHA calls r has run (localfleet.ScriptCalls).
 func scriptCalls(t *testing.T, r *redistest.Server) int64 {
 	t.Helper()
-	m := evalshaCalls.FindStringSubmatch(r.MustDo("INFO", "commandstats"))
-	if m == nil {
-		return 0
+	n, err := localfleet.ScriptCalls(r)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n, _ := strconv.ParseInt(m[1], 10, 64)
 	return n
 }
 

@@ -510,31 +510,9 @@ func checkFallback(t *testing.T, where string, statuses, node []int, elapsed tim
 // view, then for the reports that follow (once a second) to count them.
 func waitFleetView(t *testing.T, nodes []*localfleet.Node, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for _, nd := range nodes {
-		for {
-			var s struct {
-				Zones []struct {
-					Fleet *struct {
-						Nodes []string `json:"nodes"`
-					} `json:"fleet"`
-				} `json:"zones"`
-			}
-			resp, err := http.Get("http://" + nd.Admin + "/rate_limit/stats")
-			if err == nil {
-				err = json.NewDecoder(resp.Body).Decode(&s)
-				resp.Body.Close()
-			}
-			if err == nil && len(s.Zones) > 0 && s.Zones[0].Fleet != nil && len(s.Zones[0].Fleet.Nodes) == n {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the fleet view did not show %d nodes within 20s: %+v %v", n, s, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+	if err := localfleet.WaitFleetView(nodes, n, 20*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond)
 }
 
 // logLine is a log line as the README shows it (Caddy's console format):
