@@ -230,6 +230,7 @@ type options struct {
 	quietWait  time.Duration
 	only       string
 	profile    string
+	caddy      string // a Caddy binary to measure; empty: build cmd/caddy
 }
 
 func main() {
@@ -276,6 +277,7 @@ func parseFlags() options {
 	flag.IntVar(&o.retries, "retries", 2, "repeats of a disturbed run at most")
 	flag.DurationVar(&o.quietWait, "quiet-wait", 30*time.Second, "wait up to this long before each run for the machine to be quiet")
 	flag.StringVar(&o.only, "only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
+	flag.StringVar(&o.caddy, "caddy", "", "measure this Caddy binary (built with the module, e.g. from another commit's cmd/caddy, to compare two versions in the same hour) instead of building cmd/caddy")
 	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, fields, bare, 429, deny, ban, light); empty: none")
 	flag.Parse()
 	if o.rounds < 1 || o.conns < 1 || o.duration < time.Second {
@@ -287,7 +289,7 @@ func parseFlags() options {
 
 // newBench returns the benchmark of the flags, its CPUs chosen.
 func newBench(e *env, o options) *bench {
-	b := &bench{env: e, pin: choosePinning(!o.pin), duration: o.duration, warmup: o.warmup, keys: o.keys}
+	b := &bench{env: e, pin: choosePinning(!o.pin), duration: o.duration, warmup: o.warmup, keys: o.keys, bin: o.caddy}
 	b.threads = o.threads
 	b.maxForeign, b.retries, b.quietWait = o.maxForeign, max(o.retries, 0), o.quietWait
 	if b.threads <= 0 {
@@ -346,16 +348,19 @@ func (b *bench) selectConfigs(only string) []config {
 	return configs
 }
 
-// start builds Caddy, writes the wrk script and starts redis-server on the
-// load CPU.
+// start builds Caddy (unless -caddy named a binary), writes the wrk script
+// and starts redis-server on the load CPU.
 func (b *bench) start() {
 	e := b.env
-	fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
-	bin, err := localfleet.BuildCaddy(e.TempDir())
-	if err != nil {
+	var err error
+	if b.bin == "" {
+		fmt.Fprintln(os.Stderr, "building caddy from cmd/caddy ...")
+		if b.bin, err = localfleet.BuildCaddy(e.TempDir()); err != nil {
+			e.Fatal(err)
+		}
+	} else if b.bin, err = filepath.Abs(b.bin); err != nil {
 		e.Fatal(err)
 	}
-	b.bin = bin
 	if b.script, err = writeWrkScript(e.TempDir()); err != nil {
 		e.Fatal(err)
 	}
