@@ -202,3 +202,30 @@ func TestDenyCacheBounded(t *testing.T) {
 		t.Fatalf("cache holds %d buckets, want at most 256 (and some)", n)
 	}
 }
+
+// TestLastStateOnlyForLocalPolicy: the deny cache keeps a bucket's last
+// state for a zone that falls back to local buckets, and not for one that
+// fails open or closed, which would never read it.
+func TestLastStateOnlyForLocalPolicy(t *testing.T) {
+	t.Parallel()
+	clk := newTestClock(epoch)
+	cache := NewDenyCache(DenyCacheOptions{Clock: clk})
+	l := New(newMemory(t, clk), Options{Cache: cache})
+	for _, c := range []struct {
+		policy Policy
+		kept   bool
+	}{{PolicyLocal, true}, {PolicyAllow, false}, {PolicyDeny, false}} {
+		r := mustConfig(t, RuleConfig{Name: "z" + c.policy.String(), Rate: 10, Per: time.Second, Burst: 10, OnError: c.policy})
+		res := make([]Result, 1)
+		if out := l.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 4}}, res); out != Allowed {
+			t.Fatalf("on_error %s: %v, want allowed", c.policy, out)
+		}
+		owed, kept := cache.lastOwed(r, "k")
+		if kept != c.kept {
+			t.Errorf("on_error %s: last state kept %v, want %v", c.policy, kept, c.kept)
+		}
+		if kept && owed <= 0 {
+			t.Errorf("on_error %s: the bucket owes %d µs after 4 of 10 tokens, want more than 0", c.policy, owed)
+		}
+	}
+}

@@ -13,9 +13,11 @@ package limiter
 
 // remembered reports whether the deny cache keeps the rule's buckets' last
 // states for the local fallback: token and leaky buckets that are
-// enforced.
+// enforced, in zones whose failure policy is local. A zone that fails open
+// or closed never reads them, so it does not pay for them (with many keys
+// a map write, and an eviction once the cache is full, per decision).
 func (r *Rule) remembered() bool {
-	return (r.alg == TokenBucket || r.alg == LeakyBucket) && !r.dryRun
+	return (r.alg == TokenBucket || r.alg == LeakyBucket) && !r.dryRun && r.onError == PolicyLocal
 }
 
 // keepLast records a bucket's last state, making room first when the
