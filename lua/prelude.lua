@@ -84,34 +84,16 @@ else -- unpack has a limit
 end
 ttl, tus, tks = {}, {}, {}
 
--- digits returns the decimal digits of a whole number, and digits3 those
--- of one below 1000 padded to three ('%03d'). The strings are kept for the
--- call: Lua formats a number through sprintf, which costs more than the
--- rest of a decision's arithmetic, and a batch writes the same times and
--- TTLs again and again.
-local strs, strs3 = {}, {}
+-- digits returns the decimal digits of a whole number.
 local function digits(n)
-  local s = strs[n]
-  if not s then
-    s = format('%d', n)
-    strs[n] = s
-  end
-  return s
-end
-local function digits3(n)
-  local s = strs3[n]
-  if not s then
-    s = format('%03d', n)
-    strs3[n] = s
-  end
-  return s
+  return format('%d', n)
 end
 
 -- get returns a bucket's value as stored, or false when it has none.
 local function get(ki)
   local v = vals[ki]
   if v == true then
-    v = digits(tus[ki]) .. digits3(tks[ki])
+    v = format('%d%03d', tus[ki], tks[ki])
     vals[ki] = v
   elseif v and type(v) == 'number' then
     v = digits(v)
@@ -132,13 +114,8 @@ local function flush()
   for ki = 1, #KEYS do
     local px = ttl[ki]
     if px then
-      local v = vals[ki]
-      if v == true then -- get's work, without the calls when the digits are known
-        v = (strs[tus[ki]] or digits(tus[ki])) .. (strs3[tks[ki]] or digits3(tks[ki]))
-      elseif v then
-        v = get(ki)
-      end
-      if v then call('SET', KEYS[ki], v, 'PX', strs[px] or digits(px)) else call('DEL', KEYS[ki]) end
+      local v = get(ki)
+      if v then call('SET', KEYS[ki], v, 'PX', digits(px)) else call('DEL', KEYS[ki]) end
     end
   end
 end
