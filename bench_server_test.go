@@ -35,6 +35,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -116,21 +117,6 @@ func BenchmarkServer(b *testing.B) {
 			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-// evalshaCalls returns how many EVALSHA srv has run.
-func evalshaCalls(b *testing.B, srv *redistest.Server) int64 {
-	b.Helper()
-	for line := range strings.SplitSeq(srv.MustDo("INFO", "commandstats"), "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
-			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
 }
 
 // processCPU returns the CPU time (user and system) this process has used.
@@ -221,4 +207,14 @@ func BenchmarkServerConcurrent(b *testing.B) {
 			b.ReportMetric(float64(evalshaCalls(b, srv)-calls0)/float64(b.N), "evalsha/op")
 		})
 	}
+}
+
+// evalshaCalls returns how many EVALSHA srv has run.
+func evalshaCalls(b *testing.B, srv *redistest.Server) int64 {
+	b.Helper()
+	n, err := localfleet.ScriptCalls(srv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
 }
