@@ -78,7 +78,7 @@ func (s *RedisStore) ChargesIn(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	key := s.chargedKey()
-	now := time.Now().UnixMilli()
+	now := s.Clock().Now().UnixMilli()
 	var card *redis.IntCmd
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: s.id})
