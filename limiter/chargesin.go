@@ -4,10 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
 // Every node's charges in before any node decides on Redis again. After an
@@ -18,7 +19,7 @@ import (
 // the late node's charge (at most what its local bucket owes) could not
 // take both back. So each node that finds Redis back, once its charges are
 // in, adds itself to a sorted set in Redis (chargedKey: its id, scored by
-// the time), and keeps deciding the local zones' keys locally until the set
+// Redis' clock), and keeps deciding the local zones' keys locally until the set
 // holds as many nodes as its local buckets divide by, or returnGraceMax
 // has passed. A node whose store failed with nothing to charge adds itself
 // too, and so does every node that hears, on the ban channel, that another
@@ -70,27 +71,19 @@ func newNodeID() string {
 // (which ends with its hash tag) can be it.
 func (s *RedisStore) chargedKey() string { return s.prefix + "outage:{outage}!charged" }
 
+// chargedScript is the outage barrier's script, loaded on first use.
+var chargedScript = redis.NewScript(lua.Charged)
+
 // ChargesIn records, within the store's timeout, that this node's charges
 // are in, and returns how many nodes' are (the entries of the last
-// chargedWindow): one pipeline of ZADD, ZREMRANGEBYSCORE, PEXPIRE and
-// ZCARD, commands the documented ACL allows.
+// chargedWindow): one call of the charged script, which scores the entries
+// by Redis TIME, so that a node whose clock is off is counted all the same
+// and leaves no entry that outlives the window. (The store's test Clock
+// does not reach it either: the barrier is no bucket.)
 func (s *RedisStore) ChargesIn(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	key := s.chargedKey()
-	now := s.Clock().Now().UnixMilli()
-	var card *redis.IntCmd
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: s.id})
-		p.ZRemRangeByScore(ctx, key, "-inf", "("+strconv.FormatInt(now-chargedWindow.Milliseconds(), 10))
-		p.PExpire(ctx, key, 2*chargedWindow)
-		card = p.ZCard(ctx, key)
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return card.Val(), nil
+	return chargedScript.Run(ctx, s.client, []string{s.chargedKey()}, s.id, chargedWindow.Milliseconds()).Int64()
 }
 
 // awaitFleetCharges is run by a node whose charges are in, in its grace:

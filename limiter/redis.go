@@ -104,7 +104,8 @@ type RedisOptions struct {
 	// each script call) instead of Redis TIME: tests only, to replay a
 	// trace on a controlled clock. Default nil: the scripts read Redis
 	// TIME, the same for every node whatever their own clocks say. (Unlike
-	// the other stores' Clock, nil does not mean this node's clock.)
+	// the other stores' Clock, nil does not mean this node's clock.) The
+	// outage barrier (ChargesIn) reads Redis TIME whatever it is.
 	Clock Clock
 }
 

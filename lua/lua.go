@@ -1,6 +1,7 @@
 // Package lua holds the Redis scripts that decide rate limits: one file per
 // algorithm, a prelude they share, and the two entry points, embedded into
-// the binary and assembled into the two scripts the limiter loads.
+// the binary and assembled into the two scripts the limiter loads. The
+// outage barrier's small script (charged.lua) is loaded as it is written.
 //
 // An algorithm file has sections, each starting with a marker line:
 // "--@helpers" (local functions, placed once after the prelude), "--@check"
@@ -51,6 +52,8 @@ var (
 	peek string
 	//go:embed zone.lua
 	unzone string
+	//go:embed charged.lua
+	charged string
 )
 
 // algorithms lists the algorithm files by id (the limiter's Algorithm
@@ -147,3 +150,8 @@ var Refund = assemble(refund)
 // Peek reads, without writing anything or charging any zone, what each
 // zone's bucket holds for a key, and its ban; see peek.lua for its reply.
 var Peek = assemble(peek)
+
+// Charged records, by Redis' clock, that a node's charges are in after an
+// outage, and counts the nodes whose are; see charged.lua. It shares no
+// part of the wire format, and is loaded as it is written.
+var Charged = charged
