@@ -22,8 +22,8 @@ import (
 // lifted since.
 
 // banStartPrefix starts a ban start's message: "!ban <start> <end> <key>
-// <bucket>" (times in unix microseconds). Keys hold no space (ClientKey),
-// and a lift's message, "<key> <bucket>", never starts with "!".
+// <bucket>" (times in unix microseconds). Keys hold no space (ClientKey);
+// a key may start with "!", but its place in the message tells it apart.
 const banStartPrefix = "!ban "
 
 // recentLiftsMax bounds the lifts a node remembers, and recentLiftsKeep
@@ -69,8 +69,8 @@ type recentLifts struct {
 	m  map[string]int64 // "<key> <bucket>": unix microseconds
 }
 
-// heard records a lift heard of now.
-func (r *recentLifts) heard(msg string, now int64) {
+// heard records the lift of key's ban in bucket, heard of now.
+func (r *recentLifts) heard(key, bucket string, now int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
@@ -82,7 +82,7 @@ func (r *recentLifts) heard(msg string, now int64) {
 		}
 		delete(r.m, k)
 	}
-	r.m[msg] = now
+	r.m[key+" "+bucket] = now
 }
 
 // liftedSince reports whether the key's ban in bucket was lifted at or

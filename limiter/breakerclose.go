@@ -19,8 +19,7 @@ import (
 // default) once Redis answers, and mostly a fraction of a second.
 
 // breakerClosedMsg is the ban channel's message that a node found Redis
-// answering. A ban lift's message is "<key> <bucket>", with a space, which
-// this has not.
+// answering.
 const breakerClosedMsg = "!breaker-closed"
 
 // breakerClosed publishes, in the background, that this node's breaker
@@ -36,9 +35,16 @@ func (b *redisBans) publish(msg string) {
 	}()
 }
 
-// message handles a message of the ban channel: a node's breaker closed,
-// a ban started, a key was reset (rediskeys.go), or a ban was lifted.
+// message handles a message of the ban channel: a ban was lifted
+// (liftMsg), a node's breaker closed, a node is charging after an outage,
+// a ban started, or a key was reset (rediskeys.go). Every message but the
+// lift of a key that does not start with "!" starts with "!" and its type;
+// one of a type this node does not know is ignored.
 func (b *redisBans) message(msg string) {
+	if key, bucket, ok := parseLift(msg); ok {
+		b.lifted(key, bucket)
+		return
+	}
 	switch {
 	case msg == breakerClosedMsg:
 		b.s.breaker.Close()
@@ -48,7 +54,5 @@ func (b *redisBans) message(msg string) {
 		b.started(msg)
 	case strings.HasPrefix(msg, resetPrefix):
 		b.reset(msg)
-	default:
-		b.lifted(msg)
 	}
 }

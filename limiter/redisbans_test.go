@@ -292,3 +292,66 @@ func TestRedisBansACL(t *testing.T) {
 		t.Errorf("logged: %s %v", e.Message, e.ContextMap())
 	}
 }
+
+// TestRedisUnbanKeysStartingWithBang: a client key may start with "!", as
+// the ban channel's other messages do: lifting the ban of a key named
+// "!reset" (or "!ban", or any other) reaches the other node all the same.
+// So does the lift of such a key in the form nodes from before the lift
+// had a type of its own sent it, "<key> <bucket>".
+func TestRedisUnbanKeysStartingWithBang(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a, b := newBanNodes(t, RedisOptions{Address: srv.Addr, KeyPrefix: "bang:"})
+	r := windowBanRule(t, "api", time.Hour)
+	for _, key := range []string{"!reset", "!ban", "!charging", "!breaker-closed", "!lift", "!x", "x!"} {
+		banAcross(t, a, b, r, key)
+		if _, lifted, err := a.lim.Unban(context.Background(), r, key); !lifted || err != nil {
+			t.Fatalf("Unban %s: %v, %v", key, lifted, err)
+		}
+		b.waitForgotten(t, "node b's cache forgets the ban of "+key)
+		if res := b.decide(r, key); res.Banned {
+			t.Errorf("%s on node b after the unban: %+v", key, res)
+		}
+	}
+	// An older node's lift of "!reset": the ban as Unban lifts it, and
+	// the message as that node sends it.
+	banAcross(t, a, b, r, "!reset")
+	bk := a.store.Key(r.Bucket(), "!reset")
+	srv.MustDo("DEL", bk+"!ban", bk+"!den")
+	srv.MustDo("PUBLISH", a.store.banChannel(), "!reset "+r.Bucket())
+	b.waitForgotten(t, "node b's cache forgets the ban of !reset lifted by an older node")
+	// A lift of "!reset" (in another zone) that node b missed: it catches up from the bans
+	// lifted lately when it subscribes again.
+	r2 := windowBanRule(t, "api2", time.Hour)
+	banAcross(t, a, b, r2, "!reset")
+	bk = a.store.Key(r2.Bucket(), "!reset")
+	srv.MustDo("DEL", bk+"!ban", bk+"!den")
+	if err := a.store.unlist(context.Background(), "api2", r2.Bucket(), "!reset", liftMsg("!reset", r2.Bucket()), true); err != nil {
+		t.Fatal(err)
+	}
+	srv.MustDo("CLIENT", "KILL", "TYPE", "pubsub")
+	b.waitForgotten(t, "node b's cache forgets the missed lift of !reset after subscribing again")
+}
+
+// TestLiftMessages: the lift of every key a client can send reads back as
+// itself, in this version's form and in the form of the nodes before it,
+// and no other message of the ban channel reads as a lift.
+func TestLiftMessages(t *testing.T) {
+	t.Parallel()
+	bucket := "api~log"
+	for _, key := range []string{"k", "192.0.2.7", "!reset", "!ban", "!charging", "!breaker-closed", "!lift", "!", "!!",
+		"x!", ClientKey("a b"), SourceKey(1, "!reset")} {
+		for _, msg := range []string{liftMsg(key, bucket), key + " " + bucket} {
+			if k, bk, ok := parseLift(msg); !ok || k != key || bk != bucket {
+				t.Errorf("the lift %q reads as %q in %q (%v), want %q in %q", msg, k, bk, ok, key, bucket)
+			}
+		}
+	}
+	n := &banNote{start: 1, end: 2, key: "!reset", bucket: bucket}
+	for _, msg := range []string{breakerClosedMsg, chargingMsg, banStartMsg(n), resetPrefix + "!reset " + bucket,
+		resetPrefix + "k " + bucket + " other", "!future-type", "!future-type a b"} {
+		if k, bk, ok := parseLift(msg); ok {
+			t.Errorf("%q reads as the lift of %q in %q", msg, k, bk)
+		}
+	}
+}

@@ -16,8 +16,8 @@ import (
 // Lifting a ban in Redis, across the fleet. Unban deletes the ban and the
 // denials counted towards the next one (one round trip to the bucket's
 // slot): from then on no decision finds it. It makes this node's deny caches
-// forget the key, takes the ban off the registry, and publishes
-// "<key> <bucket>" on the store's ban channel, <prefix>bans. Every node's
+// forget the key, takes the ban off the registry, and publishes its lift
+// (liftMsg) on the store's ban channel, <prefix>bans. Every node's
 // store subscribes to the channel (one connection per store: go-redis's
 // PubSub, which reconnects and subscribes again by itself; this works alike
 // on one server, under Sentinel and on a Cluster, where a message reaches
@@ -29,6 +29,36 @@ import (
 // by the lifting node's clock in milliseconds and kept banLiftedKeep, and a
 // subscriber that subscribes again after a failure forgets every ban lifted
 // there since shortly before its failure.
+
+// liftPrefix starts the message of a lift whose key starts with "!":
+// "!lift <key> <bucket>". The lift of any other key is "<key> <bucket>",
+// as it was before lifts had a type of their own, so that nodes of either
+// version read it alike. Every other message of the ban channel starts
+// with "!" and a type (see redisBans.message), and none has exactly one
+// space: that shape is always a lift, "!<key> <bucket>" from a node that
+// predates liftPrefix.
+const liftPrefix = "!lift "
+
+// liftMsg returns the ban channel's message of the lift of key's ban in
+// bucket (neither holds a space: see ClientKey).
+func liftMsg(key, bucket string) string {
+	if strings.HasPrefix(key, "!") {
+		return liftPrefix + key + " " + bucket
+	}
+	return key + " " + bucket
+}
+
+// parseLift reads a lift's message (see liftPrefix); ok is false for any
+// other message.
+func parseLift(msg string) (key, bucket string, ok bool) {
+	if strings.HasPrefix(msg, "!") && strings.Count(msg, " ") != 1 {
+		if msg, ok = strings.CutPrefix(msg, liftPrefix); !ok {
+			return "", "", false
+		}
+	}
+	key, bucket, ok = strings.Cut(msg, " ")
+	return key, bucket, ok && key != "" && bucket != "" && !strings.Contains(bucket, " ")
+}
 
 const (
 	// banLiftedKeep is how long the bans lifted lately are kept for the
@@ -89,7 +119,7 @@ func (s *RedisStore) Unban(ctx context.Context, zone, bucket, key string) (BanRe
 		rec = banValue(zone, bucket, key, v, time.Now().UnixMicro())
 		s.bans.caches.forget(bucket, key, s.forgetAgain())
 	}
-	msg := key + " " + bucket
+	msg := liftMsg(key, bucket)
 	err = s.unlist(ctx, zone, bucket, key, msg, lifted)
 	if lifted {
 		// Only a ban that was in force can be in a deny cache: a cache
@@ -149,12 +179,10 @@ func (s *RedisStore) unlist(ctx context.Context, zone, bucket, key, msg string, 
 }
 
 // lifted makes the deny caches forget a ban lifted on another node (or on
-// this one: forgetting twice is harmless), from its message.
-func (b *redisBans) lifted(msg string) {
-	if key, bucket, ok := strings.Cut(msg, " "); ok && key != "" && bucket != "" {
-		b.lifts.heard(msg, time.Now().UnixMicro())
-		b.caches.forget(bucket, key, b.s.forgetAgain())
-	}
+// this one: forgetting twice is harmless).
+func (b *redisBans) lifted(key, bucket string) {
+	b.lifts.heard(key, bucket, time.Now().UnixMicro())
+	b.caches.forget(bucket, key, b.s.forgetAgain())
 }
 
 // catchUp makes the deny caches forget the bans lifted since a minute
@@ -172,7 +200,9 @@ func (b *redisBans) catchUp(since time.Time) {
 		return
 	}
 	for _, m := range msgs {
-		b.lifted(m)
+		if key, bucket, ok := parseLift(m); ok {
+			b.lifted(key, bucket)
+		}
 	}
 }
 
