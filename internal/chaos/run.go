@@ -22,47 +22,86 @@ const settle = 1500 * time.Millisecond
 // the processes: they stop when it cleans up.
 func Run(t redistest.T, bin string, s *Scenario) *Result {
 	began := time.Now()
+	f := startFleet(t, bin, s)
+	obs, loadEnd := f.load(s)
+	c := &checker{s: s, o: obs}
 	res := &Result{Scenario: s}
-	be := startBackend(t, s.Topology)
+	c.checkFaults(res)
+	c.probeSlots(f.nodes, f.be, loadEnd)
+	obs.seen, obs.peaks = f.up.snapshot()
+	c.checkObserved(res, f.nodes)
+	c.checkResources(f)
+	res.Requests = len(obs.requests)
+	for _, q := range obs.requests {
+		if _, ok := obs.seen[q.id]; ok {
+			res.Admitted++
+		}
+	}
+	res.Violations = summarize(c.out)
+	res.Took = time.Since(began)
+	return res
+}
+
+// fleet is a scenario's processes: its Redis, the upstream, the Caddy
+// nodes, and each node's usage at the baseline.
+type fleet struct {
+	be    *backend
+	up    *upstream
+	nodes []*localfleet.Node
+	base  []Usage
+	// site writes a node's Caddyfile for the configuration's generation.
+	site func(gen int) string
+}
+
+// startFleet starts the scenario's Redis, upstream and nodes, warms every
+// node by a request and an admin call, and measures its baseline.
+func startFleet(t redistest.T, bin string, s *Scenario) *fleet {
+	f := &fleet{be: startBackend(t, s.Topology)}
 	up, err := startUpstream(s.concurrencyZones, s.hasCostHeader())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(up.close)
-	block := be.block()
-	site := func(gen int) string { return s.Site(block, up.addr, gen) }
+	f.up = up
+	block := f.be.block()
+	f.site = func(gen int) string { return s.Site(block, up.addr, gen) }
 
-	nodes := make([]*localfleet.Node, s.Nodes)
+	f.nodes = make([]*localfleet.Node, s.Nodes)
 	var wg sync.WaitGroup
-	for i := range nodes {
+	for i := range f.nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i] = localfleet.StartNode(t, bin, "", site(0))
+			f.nodes[i] = localfleet.StartNode(t, bin, "", f.site(0))
 		}()
 	}
 	wg.Wait()
 
-	// The baseline: every node warmed by a request and an admin call.
-	base := make([]Usage, len(nodes))
-	for _, n := range nodes {
+	f.base = make([]Usage, len(f.nodes))
+	for _, n := range f.nodes {
 		_, _ = n.Do(http.MethodGet, "/warm")
 		_, _ = http.Get("http://" + n.Admin + "/rate_limit/stats")
 	}
 	time.Sleep(300 * time.Millisecond)
-	for i, n := range nodes {
-		if base[i], err = Measure(n); err != nil {
+	for i, n := range f.nodes {
+		if f.base[i], err = Measure(n); err != nil {
 			t.Fatalf("node %d: measuring its baseline: %v", i, err)
 		}
 	}
+	return f
+}
 
-	in := newInjector(s, be, nodes, func(n *localfleet.Node, gen int) error { return n.Reload("", site(gen)) })
+// load runs the scenario's clients, its key resets and its faults at once,
+// waits for what they left queued to settle, and returns what was observed
+// (the upstream's side is read later) and when the load ended.
+func (f *fleet) load(s *Scenario) (*observed, time.Time) {
+	in := newInjector(s, f.be, f.nodes, func(n *localfleet.Node, gen int) error { return n.Reload("", f.site(gen)) })
 	ctx, cancel := context.WithTimeout(context.Background(), s.Load)
 	defer cancel()
 	bansCtx, stopBans := context.WithCancel(context.Background())
 	bans := watchBans(bansCtx, func() []string {
 		var a []string
-		for _, n := range nodes {
+		for _, n := range f.nodes {
 			a = append(a, n.Admin)
 		}
 		return a
@@ -72,13 +111,13 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	start := time.Now()
 	go func() {
 		defer close(loadDone)
-		requests = s.load(ctx, func(i int) string { return nodes[i].URL }, len(nodes))
+		requests = s.load(ctx, func(i int) string { return f.nodes[i].URL }, len(f.nodes))
 	}()
 	var resets []resetDone
 	resetsDone := make(chan struct{})
 	go func() {
 		defer close(resetsDone)
-		resets = s.injectResets(ctx, nodes, start) // reset.go
+		resets = s.injectResets(ctx, f.nodes, start)
 	}()
 	windows := in.run(start)
 	<-loadDone
@@ -86,23 +125,30 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	loadEnd := time.Now()
 	time.Sleep(settle)
 	stopBans()
+	return &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets,
+		settleLost: s.settlementsLost(f.nodes, settle)}, loadEnd
+}
 
-	obs := &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets,
-		settleLost: s.settlementsLost(nodes, settle)}
-	c := &checker{s: s, o: obs}
-	for _, r := range resets {
+// checkFaults fails the run's harness invariant for every fault or key
+// reset that could not be injected (a reset that failed in a Redis fault
+// is that fault's doing), and lists the faults in res.
+func (c *checker) checkFaults(res *Result) {
+	for _, r := range c.o.resets {
 		if r.err != "" && !c.inFault(r.sent, r.done, 0, 0, c.redisDown) {
-			c.fail(InvHarness, "key reset of zone %s at %s: %s", s.Zones[r.zone].Name, r.sent.Format("15:04:05.000"), r.err)
+			c.fail(InvHarness, "key reset of zone %s at %s: %s", c.s.Zones[r.zone].Name, r.sent.Format("15:04:05.000"), r.err)
 		}
 	}
-	for _, w := range windows {
+	for _, w := range c.o.windows {
 		res.Faults = append(res.Faults, w.kind)
 		if w.err != "" {
 			c.fail(InvHarness, "%s at %s: %s", w.kind, w.start.Format("15:04:05.000"), w.err)
 		}
 	}
-	c.probeSlots(nodes, be, loadEnd)
-	obs.seen, obs.peaks = up.snapshot()
+}
+
+// checkObserved checks what the clients and the upstream observed, and
+// what the nodes' admin APIs say, against the scenario's invariants.
+func (c *checker) checkObserved(res *Result, nodes []*localfleet.Node) {
 	res.Buckets = c.checkBounds()
 	res.Quotas = c.checkQuotas()
 	c.checkInFlight()
@@ -112,34 +158,30 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 	c.checkDryRun()
 	c.checkExempt()
 	c.checkStatus()
-	c.checkWaitRooms(nodes) // waitroom.go
-	c.checkSoftShed()       // softshed.go
-	// The upstream closes its idle keep-alive connections, so that the
-	// proxy's goroutines that wait on them are gone, as at the baseline.
-	up.srv.SetKeepAlivesEnabled(false)
+	c.checkWaitRooms(nodes)
+	c.checkSoftShed()
+}
+
+// checkResources checks that every node not killed during the run is back
+// at its baseline's usage. The upstream first closes its idle keep-alive
+// connections, so that the proxy's goroutines that wait on them are gone,
+// as at the baseline.
+func (c *checker) checkResources(f *fleet) {
+	f.up.srv.SetKeepAlivesEnabled(false)
 	time.Sleep(500 * time.Millisecond)
-	for i, n := range nodes {
+	for i, n := range f.nodes {
 		after, err := Measure(n)
 		switch {
 		case err != nil:
 			c.fail(InvResources, "node %d: %v", i, err)
-		case after.pid != base[i].pid:
+		case after.pid != f.base[i].pid:
 			// Killed and restarted: its baseline is gone.
 		default:
-			if over := BackAt(base[i], after); over != "" {
-				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s); most common goroutines: %s", i, reloads(windows), over, base[i], topGoroutines(n))
+			if over := BackAt(f.base[i], after); over != "" {
+				c.fail(InvResources, "node %d after %d reloads: %s (baseline %s); most common goroutines: %s", i, reloads(c.o.windows), over, f.base[i], topGoroutines(n))
 			}
 		}
 	}
-	res.Requests = len(requests)
-	for _, q := range requests {
-		if _, ok := obs.seen[q.id]; ok {
-			res.Admitted++
-		}
-	}
-	res.Violations = summarize(c.out)
-	res.Took = time.Since(began)
-	return res
 }
 
 // reloads counts the reloads among windows.

@@ -415,16 +415,28 @@ func (s *Scenario) drawClients(r *rand.Rand) {
 			c.Targets = []int{0}
 		}
 	}
-	if s.VictimTarget >= 0 {
-		// The spoofer sends the victim's address as its key, as fast as it
-		// can; the victim sends well within its own limit.
-		sp := add(KindSpoof, "127.0.0.1")
-		sp.Targets, sp.Workers, sp.Status, sp.Sleep = []int{s.VictimTarget}, 2, 200, 0
-		v := add(KindVictim, "")
-		v.Targets, v.Workers, v.Cost, v.Status, v.Sleep, v.Tier, v.Reserve = []int{s.VictimTarget}, 1, 1, 200, 0, "default", 0
-		v.Pace = s.politePace(s.Targets[s.VictimTarget], v)
+	s.drawVictim(add)
+	s.drawRefunded(r, add, tag)
+}
+
+// drawVictim adds, when the scenario has a victim's target, the spoofer,
+// which sends the victim's address as its key as fast as it can, and the
+// victim, which sends well within its own limit. add adds a client.
+func (s *Scenario) drawVictim(add func(kind, key string) *Client) {
+	if s.VictimTarget < 0 {
+		return
 	}
-	// A client whose every response the count_status zones give back.
+	sp := add(KindSpoof, "127.0.0.1")
+	sp.Targets, sp.Workers, sp.Status, sp.Sleep = []int{s.VictimTarget}, 2, 200, 0
+	v := add(KindVictim, "")
+	v.Targets, v.Workers, v.Cost, v.Status, v.Sleep, v.Tier, v.Reserve = []int{s.VictimTarget}, 1, 1, 200, 0, "default", 0
+	v.Pace = s.politePace(s.Targets[s.VictimTarget], v)
+}
+
+// drawRefunded adds a client whose every response the count_status zone
+// of its target gives back, on the first target whose zone has room for
+// it. add adds a client; tag marks the scenario's keys.
+func (s *Scenario) drawRefunded(r *rand.Rand, add func(kind, key string) *Client, tag string) {
 	for ti, t := range s.Targets {
 		if ti == s.VictimTarget {
 			continue

@@ -49,46 +49,7 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 		line("limit %d", z.Limit)
 		line("lease %s", z.Lease)
 	} else {
-		if z.Tiered {
-			line("rate {tier_rate} %s", dur(z.Per))
-			if z.Algorithm == TokenBucket {
-				line("burst {tier_burst}")
-			}
-		} else {
-			line("rate %d %s", z.Rate, dur(z.Per))
-			if z.Burst > 0 {
-				line("burst %d", z.Burst)
-			}
-		}
-		if z.Cost > 0 {
-			line("cost %d", z.Cost)
-		} else {
-			line("cost {header.X-Cost}")
-		}
-		switch {
-		case z.Reserve > 0:
-			line("reserve %d", z.Reserve)
-		case z.Reserve < 0:
-			line("reserve {header.X-Reserve}")
-		}
-		if z.Prefetch > 0 {
-			line("prefetch %d", z.Prefetch)
-		}
-		if len(z.CountStatus) > 0 {
-			line("count_status %s", strings.Join(z.CountStatus, " "))
-		}
-		if z.MaxWaiting > 0 {
-			line("max_waiting %d", z.MaxWaiting)
-		}
-		if q := z.quotaLine(); q != "" {
-			line("%s", q)
-		}
-		if z.SoftShed > 0 {
-			line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
-		}
-		if z.CostHeader {
-			line("cost_header %s", costHeaderName)
-		}
+		z.writeRule(line)
 	}
 	if z.Ban != nil {
 		line("ban %s after %d in %s", dur(z.Ban.Duration), z.Ban.After, dur(z.Ban.Window))
@@ -116,6 +77,51 @@ func (s *Scenario) writeZone(b *strings.Builder, zi int, z *Zone) {
 	}
 	line("match {\n\t\t\t\tpath %s\n\t\t\t}", strings.Join(paths, " "))
 	b.WriteString("\t\t}\n")
+}
+
+// writeRule writes, through line, the rule of a zone that is not a
+// concurrency zone: its rate, burst and cost, and the policies drawn on it.
+func (z *Zone) writeRule(line func(format string, args ...any)) {
+	if z.Tiered {
+		line("rate {tier_rate} %s", dur(z.Per))
+		if z.Algorithm == TokenBucket {
+			line("burst {tier_burst}")
+		}
+	} else {
+		line("rate %d %s", z.Rate, dur(z.Per))
+		if z.Burst > 0 {
+			line("burst %d", z.Burst)
+		}
+	}
+	if z.Cost > 0 {
+		line("cost %d", z.Cost)
+	} else {
+		line("cost {header.X-Cost}")
+	}
+	switch {
+	case z.Reserve > 0:
+		line("reserve %d", z.Reserve)
+	case z.Reserve < 0:
+		line("reserve {header.X-Reserve}")
+	}
+	if z.Prefetch > 0 {
+		line("prefetch %d", z.Prefetch)
+	}
+	if len(z.CountStatus) > 0 {
+		line("count_status %s", strings.Join(z.CountStatus, " "))
+	}
+	if z.MaxWaiting > 0 {
+		line("max_waiting %d", z.MaxWaiting)
+	}
+	if q := z.quotaLine(); q != "" {
+		line("%s", q)
+	}
+	if z.SoftShed > 0 {
+		line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
+	}
+	if z.CostHeader {
+		line("cost_header %s", costHeaderName)
+	}
 }
 
 // dur writes d as a Caddyfile duration.
