@@ -3,7 +3,8 @@ package config
 import "sort"
 
 // Config is a loaded set of domains and their rules. It does not change once
-// built, so any number of goroutines may match against it at once.
+// built, so any number of goroutines may match against it at once. A nil
+// *Config has no domains.
 type Config struct {
 	domains  map[string]*node
 	limits   []*Limit
@@ -41,6 +42,9 @@ type node struct {
 
 // Domains returns the names of the configured domains, sorted.
 func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
 	names := make([]string, 0, len(c.domains))
 	for d := range c.domains {
 		names = append(names, d)
@@ -51,6 +55,9 @@ func (c *Config) Domains() []string {
 
 // HasDomain reports whether the domain is configured.
 func (c *Config) HasDomain(domain string) bool {
+	if c == nil {
+		return false
+	}
 	_, ok := c.domains[domain]
 	return ok
 }
@@ -58,9 +65,19 @@ func (c *Config) HasDomain(domain string) bool {
 // Limits returns every rule of the configuration, domain by domain in the
 // order they were loaded and, within one, in the order they are written.
 // The slice is the Config's own: do not change it.
-func (c *Config) Limits() []*Limit { return c.limits }
+func (c *Config) Limits() []*Limit {
+	if c == nil {
+		return nil
+	}
+	return c.limits
+}
 
 // Warnings returns what the load accepted but would likely surprise the
 // operator, each with the file and line: keys that mean nothing where they
 // are written, YAML documents after a file's first.
-func (c *Config) Warnings() []string { return c.warnings }
+func (c *Config) Warnings() []string {
+	if c == nil {
+		return nil
+	}
+	return c.warnings
+}

@@ -15,8 +15,12 @@ import (
 // with, else the descriptor with its key alone; the rule is the one of the
 // descriptor that the last entry finds. A descriptor with more entries
 // than the configuration has levels, or fewer than the rule's, matches
-// nothing. Match does not allocate for entries up to 256 bytes.
+// nothing. Match does not allocate for entries whose key and value
+// together are shorter than 256 bytes.
 func (c *Config) Match(domain string, entries []Entry) *Limit {
+	if c == nil {
+		return nil
+	}
 	n := c.domains[domain]
 	if n == nil || len(entries) == 0 {
 		return nil
@@ -59,7 +63,7 @@ func (n *node) find(e Entry, buf []byte) *node {
 // key and value bounded as MetricKey bounds them, and has no name,
 // replaces or modes.
 func (c *Config) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) (*Limit, error) {
-	if c.domains[domain] == nil {
+	if !c.HasDomain(domain) {
 		return nil, nil
 	}
 	if !unit.Valid() {
