@@ -27,6 +27,8 @@ type checker struct {
 	s   *Scenario
 	o   *observed
 	out []Violation
+	// tightest is the bucket span that came closest to its bound.
+	tightest Tightness
 }
 
 func (c *checker) fail(inv, format string, args ...any) {
@@ -178,6 +180,9 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 				named = append(named, fmt.Sprintf("data loss %s %.0f", w.kind, rule.dataLossShare()))
 			}
 		}
+	}
+	if use := tokens / (bound + allow); use > c.tightest.Use {
+		c.tightest = Tightness{Use: use, Zone: z.Name, Key: b.key, Tokens: tokens, Bound: bound, Allow: allow}
 	}
 	if tokens > math.Floor(bound+allow+1e-9) {
 		c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",

@@ -46,12 +46,31 @@ type Result struct {
 	Buckets int
 	// Quotas are the figures of the keys whose quota was checked.
 	Quotas []string
+	// Tightest is the bucket that came closest to its bound: its admitted
+	// tokens over its exact bound plus allowances (Use), and the figures.
+	Tightest Tightness
 	// Faults are the faults as injected.
 	Faults []string
 	// Violations are the invariants it broke.
 	Violations []Violation
 	// Took is how long the run took, start-up included.
 	Took time.Duration
+}
+
+// Tightness is how close one bucket came to its bound.
+type Tightness struct {
+	// Use is the admitted tokens over the exact bound plus the named
+	// allowances: above 1 is a violation.
+	Use float64
+	// Zone, Key, Tokens, Bound and Allow are the bucket and its figures.
+	Zone, Key            string
+	Tokens, Bound, Allow float64
+}
+
+// String gives the tightness in one line.
+func (t Tightness) String() string {
+	return fmt.Sprintf("zone %s key %s admitted %.0f tokens of an exact bound %.1f + allowances %.1f (%.2f of the sum)",
+		t.Zone, printable(t.Key), t.Tokens, t.Bound, t.Allow, t.Use)
 }
 
 // Repro is the command line that runs this scenario again.
@@ -80,6 +99,9 @@ func (r *Result) Print(w interface{ Write([]byte) (int, error) }, o Options) {
 	}
 	fmt.Fprintf(w, "seed %d: %s; %d requests, %d admitted, %d buckets, %s: %s\n",
 		s.Seed, s.Summary(), r.Requests, r.Admitted, r.Buckets, r.Took.Round(time.Second), verdict)
+	if r.Tightest.Use > 0 {
+		fmt.Fprintf(w, "  tightest bucket: %s\n", r.Tightest)
+	}
 	for _, q := range r.Quotas {
 		fmt.Fprintf(w, "  quota: %s\n", q)
 	}

@@ -37,6 +37,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 			res.Admitted++
 		}
 	}
+	res.Tightest = c.tightest
 	res.Violations = summarize(c.out)
 	res.Took = time.Since(began)
 	return res
