@@ -44,8 +44,10 @@ type MemoryStore struct {
 	hash   hasher
 	shards [numShards]shard
 	clock  Clock
-	// perShard is the most buckets a shard holds (0: no limit).
+	// perShard is the most buckets a shard holds (0: no limit), and
+	// maxKeys the bound it was set from (SetMaxKeys).
 	perShard atomic.Int64
+	maxKeys  atomic.Int64
 
 	evictMu   sync.Mutex
 	evictions map[uint32]uint64 // by zone tag
@@ -314,19 +316,21 @@ func (sh *shard) evict(now int64) (zone uint32, lost, ok bool) {
 
 // SetMaxKeys bounds how many buckets the store holds: past it, a new key
 // evicts the bucket closest to full (see evict). 0 means no limit. The bound
-// holds per shard, each holding max/64 (at least one), so it is reached
-// when the keys spread evenly, as their keyed hashes make them do.
+// holds per shard, each holding n/64 rounded up (at least one), so it is
+// reached when the keys spread evenly, as their keyed hashes make them do,
+// and the store may hold up to 63 buckets more than n.
 func (s *MemoryStore) SetMaxKeys(n int) {
-	if n <= 0 {
+	n = max(n, 0)
+	s.maxKeys.Store(int64(n))
+	if n == 0 {
 		s.perShard.Store(0)
 		return
 	}
 	s.perShard.Store(int64(max(1, (n+numShards-1)/numShards)))
 }
 
-// MaxKeys returns the key limit (0: none), rounded up to a multiple of the
-// shards.
-func (s *MemoryStore) MaxKeys() int { return int(s.perShard.Load()) * numShards }
+// MaxKeys returns the key limit as SetMaxKeys set it (0: none).
+func (s *MemoryStore) MaxKeys() int { return int(s.maxKeys.Load()) }
 
 // SetSweepInterval changes how often the sweeper drops full buckets (0
 // leaves it as it is).

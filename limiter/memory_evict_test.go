@@ -87,6 +87,30 @@ func TestMemoryMaxKeysTakesFullBucketsFirst(t *testing.T) {
 	}
 }
 
+// TestMemoryMaxKeysAsSet: MaxKeys is the bound as it was set, not its
+// rounding to the shards (the dashboard shows it: "of 500000", not "of
+// 500032"), and the store holds at most that rounding: a few dozen more.
+func TestMemoryMaxKeysAsSet(t *testing.T) {
+	t.Parallel()
+	clk := newTestClock(epoch)
+	s := newMemory(t, clk)
+	for _, n := range []int{500_000, 20_000, 100, 1, 0} {
+		s.SetMaxKeys(n)
+		if got := s.MaxKeys(); got != n {
+			t.Errorf("SetMaxKeys(%d): MaxKeys() = %d", n, got)
+		}
+	}
+	s.SetMaxKeys(100)
+	r := mustRule(t, "api", 100, 24*time.Hour, 100)
+	for i := range 2_000 {
+		decideOne(t, s, r, "k"+strconv.Itoa(i), 1)
+		clk.add(1)
+	}
+	if n := s.Len(); n > 2*numShards {
+		t.Fatalf("max_keys 100: the store holds %d buckets, want at most one per shard over the bound (%d)", n, 2*numShards)
+	}
+}
+
 // TestMemoryMaxKeysSlidingLogs: sliding logs count towards the bound and
 // are evicted too.
 func TestMemoryMaxKeysSlidingLogs(t *testing.T) {

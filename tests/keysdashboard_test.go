@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,22 +18,28 @@ type keyRows struct {
 	Resets    int      `json:"resets"`
 	Remaining []string `json:"remaining"`
 	Note      string   `json:"note"`
+	// MemoryStore is the memory store's card: "kind … keys 1 of 500,000".
+	MemoryStore string `json:"memoryStore"`
 }
 
 const readKeys = `(() => {
   const s = document.getElementById("keys");
-  if (!s) return {lookups: 0, resets: 0, remaining: [], note: ""};
+  const m = document.querySelector('.store[data-store="memory"]');
+  if (!s) return {lookups: 0, resets: 0, remaining: [], note: "", memoryStore: ""};
   return {
     lookups: Number(s.dataset.lookups || 0),
     resets: Number(s.dataset.resets || 0),
     remaining: [...s.querySelectorAll("tr.key-row td.key-remaining")].map(td => td.textContent),
     note: document.getElementById("key-note").textContent,
+    memoryStore: m ? m.textContent : "",
   };
 })()`
 
 // TestDashboardKeysInChromium: the dashboard's lookup box shows a drained
 // key's bucket (0 remaining), and its reset button makes it full again:
-// the table shows the burst, and the node admits the key.
+// the table shows the burst, and the node admits the key. The memory
+// store's card shows its bound as max_keys is written (the default,
+// 500,000), not as the store rounds it to its shards.
 // Not in parallel, like TestDashboardInChromium: one browser at a time.
 func TestDashboardKeysInChromium(t *testing.T) {
 	bin := requireChromium(t)
@@ -70,6 +77,9 @@ func TestDashboardKeysInChromium(t *testing.T) {
 	s := waitForPage(t, "the lookup", 15*time.Second, read, func(s keyRows) bool { return s.Lookups >= 1 })
 	if len(s.Remaining) != 1 || s.Remaining[0] != "0" || s.Note != "" {
 		t.Fatalf("the lookup of the drained key shows %+v, want one bucket with 0 remaining", s)
+	}
+	if !strings.Contains(s.MemoryStore, "keys 1 of 500,000") {
+		t.Errorf("the memory store's card reads %q, want its one key of the default max_keys: \"keys 1 of 500,000\"", s.MemoryStore)
 	}
 	if png, err := chromedp.Run(c, chromedp.CaptureScreenshot()); err == nil {
 		if path, err := saveArtifact("dashboard-keys.png", png); err == nil {

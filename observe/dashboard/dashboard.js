@@ -181,6 +181,11 @@ class ZoneCard {
   }
 }
 
+// fmtCount shows a count with thousands separators: 500,000.
+function fmtCount(n) {
+  return Number(n).toLocaleString("en-US");
+}
+
 function fmtBytes(n) {
   if (n >= 1 << 30) return (n / (1 << 30)).toFixed(1) + " GiB";
   if (n >= 1 << 20) return (n / (1 << 20)).toFixed(1) + " MiB";
@@ -226,7 +231,7 @@ function storeCard(s) {
     }
   } else {
     add("kind", "in-process memory (this node only)");
-    if (s.max_keys) add("keys", `${s.keys} of ${s.max_keys}`);
+    if (s.max_keys) add("keys", `${fmtCount(s.keys || 0)} of ${fmtCount(s.max_keys)}`);
   }
   const card = el("div", { class: "store", "data-store": s.name },
     el("div", {}, el("span", { class: "name" }, s.name), el("span", { class: "badge " + s.status }, s.status)), kv);
