@@ -113,7 +113,8 @@ type Handler struct {
 
 	// SweepInterval is how often the memory store drops idle buckets
 	// (caddy-ratelimit's option). The store is shared by the whole
-	// process: the configuration loaded last sets it. Default: 1m.
+	// process: the shortest interval of the handlers using it sets it.
+	// Default: 1m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// MaxKeys bounds how many buckets this node keeps in memory: the
@@ -123,10 +124,12 @@ type Handler struct {
 	// another lets its client start again from a full bucket, once), so a
 	// flood of new keys cannot grow the node's memory. The denial counts
 	// and bans of zones with a ban count too (a ban in force is evicted
-	// last). The store is shared by the whole process: the configuration
-	// loaded last, and not cleaned up after a failed load, sets it.
-	// About 100 B of heap per bucket; the default, 500000, keeps the
-	// store under about 100 MB of memory, garbage collection included.
+	// last). The store is shared by the whole process: the smallest
+	// max_keys of the handlers using it bounds all their buckets,
+	// whatever order they were provisioned in, and a handler without one
+	// never raises it. About 100 B of heap per bucket; the default,
+	// 500000 (when no handler sets one), keeps the store under about
+	// 100 MB of memory, garbage collection included.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// Distributed is caddy-ratelimit's distributed mode, accepted so that

@@ -1,6 +1,7 @@
 package fleetlimit
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -33,23 +34,30 @@ type memoryStore struct {
 }
 
 // memorySettings are the key bounds and sweep intervals that the handlers
-// using the memory store asked for, in the order they were provisioned.
-// The last one still provisioned sets them: a configuration whose load
-// failed after its handlers were provisioned has them cleaned up, and the
-// settings of the configuration still running come back.
+// using the memory store wrote. The store is one per process, and Caddy
+// provisions a configuration's servers in no fixed order, so no handler's
+// setting may depend on which came last: the smallest max_keys any
+// handler still provisioned wrote bounds the store, and the shortest
+// sweep_interval sets its sweeps. A handler that wrote neither (a site
+// that only falls back to the store: a Redis zone with on_error local)
+// changes nothing; only when no handler wrote one do the defaults hold.
+// A configuration whose load failed after its handlers were provisioned
+// has them cleaned up, and the settings of the one still running come
+// back.
 type memorySettings struct {
 	mu     sync.Mutex
 	claims []memoryClaim
 }
 
-// memoryClaim is one handler's settings of the memory store.
+// memoryClaim is one handler's settings of the memory store: its max_keys
+// and sweep_interval, 0 where it wrote none.
 type memoryClaim struct {
 	owner   *Handler
 	maxKeys int
 	sweep   time.Duration
 }
 
-// claim records owner's settings (once per owner) and applies the latest.
+// claim records owner's settings (once per owner) and applies them all.
 func (m *memorySettings) claim(s *limiter.MemoryStore, c memoryClaim) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -58,7 +66,7 @@ func (m *memorySettings) claim(s *limiter.MemoryStore, c memoryClaim) {
 	m.apply(s)
 }
 
-// release forgets owner's settings and applies the latest left.
+// release forgets owner's settings and applies those left.
 func (m *memorySettings) release(s *limiter.MemoryStore, owner *Handler) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -66,14 +74,23 @@ func (m *memorySettings) release(s *limiter.MemoryStore, owner *Handler) {
 	m.apply(s)
 }
 
-// apply sets the store's settings to the latest claim's, with m locked.
+// apply sets the store's settings from the claims, with m locked: the
+// smallest of each that a handler wrote, or the default.
 func (m *memorySettings) apply(s *limiter.MemoryStore) {
 	if len(m.claims) == 0 {
 		return
 	}
-	c := m.claims[len(m.claims)-1]
-	s.SetMaxKeys(c.maxKeys)
-	s.SetSweepInterval(c.sweep)
+	maxKeys, sweep := 0, time.Duration(0)
+	for _, c := range m.claims {
+		if c.maxKeys > 0 && (maxKeys == 0 || c.maxKeys < maxKeys) {
+			maxKeys = c.maxKeys
+		}
+		if c.sweep > 0 && (sweep == 0 || c.sweep < sweep) {
+			sweep = c.sweep
+		}
+	}
+	s.SetMaxKeys(cmp.Or(maxKeys, DefaultMaxKeys))
+	s.SetSweepInterval(cmp.Or(sweep, DefaultSweepInterval))
 }
 
 // Destruct closes the store when its last user is gone.
@@ -110,32 +127,28 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	return v.(redisStore).RedisStore, key, nil
 }
 
-// DefaultMaxKeys is how many buckets a node keeps in memory when max_keys
-// is not set: about 100 B of heap each, so at most about 50 MB live, and
-// 100 MB with the garbage collector's headroom.
+// DefaultMaxKeys is how many buckets a node keeps in memory when no
+// handler sets max_keys: about 100 B of heap each, so at most about 50 MB
+// live, and 100 MB with the garbage collector's headroom.
 const DefaultMaxKeys = 500_000
+
+// DefaultSweepInterval is how often the memory store drops full buckets
+// when no handler sets sweep_interval.
+const DefaultSweepInterval = time.Minute
 
 // loadMemoryStore returns this process's memory store, shared by every
 // handler and configuration (release it with stores.Delete(memoryPoolKey)
-// and releaseMemorySettings), and sets its key limit and sweep interval to
-// this handler's: the configuration provisioned last, and not cleaned up,
-// sets them.
+// and releaseMemorySettings), and adds this handler's max_keys and
+// sweep_interval to its settings (memorySettings).
 func (h *Handler) loadMemoryStore() (*limiter.MemoryStore, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return memoryStore{limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: time.Minute}), &memorySettings{}}, nil
+		return memoryStore{limiter.NewMemoryStore(limiter.MemoryOptions{Sweep: DefaultSweepInterval}), &memorySettings{}}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	ms := v.(memoryStore)
-	c := memoryClaim{owner: h, maxKeys: h.MaxKeys, sweep: time.Duration(h.SweepInterval)}
-	if c.maxKeys == 0 {
-		c.maxKeys = DefaultMaxKeys
-	}
-	if c.sweep == 0 {
-		c.sweep = time.Minute
-	}
-	ms.settings.claim(ms.MemoryStore, c)
+	ms.settings.claim(ms.MemoryStore, memoryClaim{owner: h, maxKeys: h.MaxKeys, sweep: time.Duration(h.SweepInterval)})
 	h.memory = &ms
 	return ms.MemoryStore, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
@@ -97,5 +98,100 @@ func TestFailedLoadKeepsMemorySettings(t *testing.T) {
 	failed.Cleanup() // its load failed
 	if store.MaxKeys() != 6400 {
 		t.Fatalf("after a failed load: MaxKeys %d, want the running configuration's 6400", store.MaxKeys())
+	}
+}
+
+// TestMemoryBoundClaimsInEitherOrder: the memory store's key bound is the
+// smallest max_keys any handler using it wrote, whatever order the
+// handlers were provisioned in (Caddy provisions servers in no fixed
+// order); a handler without max_keys (a site that only falls back to the
+// store, a Redis zone with on_error local) never raises it. The default
+// holds only when no handler wrote one, and a bound comes back when the
+// handler that set a smaller one is cleaned up.
+func TestMemoryBoundClaimsInEitherOrder(t *testing.T) {
+	t.Parallel()
+	explicit, larger, unset := &Handler{}, &Handler{}, &Handler{}
+	claims := map[*Handler]memoryClaim{
+		explicit: {owner: explicit, maxKeys: 20000, sweep: time.Minute},
+		larger:   {owner: larger, maxKeys: 900000, sweep: time.Minute},
+		unset:    {owner: unset, sweep: time.Minute},
+	}
+	for _, c := range []struct {
+		name  string
+		order []*Handler
+		want  int
+	}{
+		{"explicit then unset", []*Handler{explicit, unset}, 20000},
+		{"unset then explicit", []*Handler{unset, explicit}, 20000},
+		{"smaller then larger", []*Handler{explicit, larger}, 20000},
+		{"larger then smaller", []*Handler{larger, explicit}, 20000},
+		{"larger then unset", []*Handler{larger, unset}, 900000},
+		{"unset then larger", []*Handler{unset, larger}, 900000},
+		{"unset alone", []*Handler{unset}, DefaultMaxKeys},
+	} {
+		s := limiter.NewMemoryStore(limiter.MemoryOptions{})
+		m := &memorySettings{}
+		for _, h := range c.order {
+			m.claim(s, claims[h])
+		}
+		if got := s.MaxKeys(); got != c.want {
+			t.Errorf("%s: MaxKeys %d, want %d", c.name, got, c.want)
+		}
+		s.Close()
+	}
+
+	s := limiter.NewMemoryStore(limiter.MemoryOptions{})
+	defer s.Close()
+	m := &memorySettings{}
+	m.claim(s, claims[larger])
+	m.claim(s, claims[explicit])
+	m.claim(s, claims[unset])
+	m.release(s, explicit)
+	if got := s.MaxKeys(); got != 900000 {
+		t.Errorf("the smaller bound's handler cleaned up: MaxKeys %d, want the other explicit bound 900000", got)
+	}
+	m.release(s, larger)
+	if got := s.MaxKeys(); got != DefaultMaxKeys {
+		t.Errorf("only a handler without max_keys left: MaxKeys %d, want the default %d", got, DefaultMaxKeys)
+	}
+}
+
+// TestMemoryBoundOfTwoSites provisions two handlers sharing the process's
+// memory store, as two sites of one Caddyfile, in both orders: one on the
+// memory store with max_keys 20000, one on Redis whose zone falls back to
+// local buckets (on_error local, the default) without max_keys. The
+// written bound holds in both orders.
+func TestMemoryBoundOfTwoSites(t *testing.T) {
+	srv := redistest.Start(t)
+	bounded := func() *Handler {
+		return &Handler{MaxKeys: 20000, Zones: []*Zone{{Name: "bounded_site", Rate: 10, Per: caddy.Duration(time.Second)}}}
+	}
+	idle := func() *Handler {
+		return &Handler{Redis: &RedisConfig{Address: srv.Addr}, Zones: []*Zone{{Name: "idle_site", Rate: 10, Per: caddy.Duration(time.Second)}}}
+	}
+	for _, order := range []string{"memory site first", "redis site first"} {
+		hs := []*Handler{bounded(), idle()}
+		if order == "redis site first" {
+			hs[0], hs[1] = hs[1], hs[0]
+		}
+		for _, h := range hs {
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			if err := h.Provision(ctx); err != nil {
+				cancel()
+				t.Fatalf("%s: %v", order, err)
+			}
+			t.Cleanup(cancel)
+		}
+		if hs[1].memory == nil || hs[0].memory == nil {
+			t.Fatalf("%s: both handlers should use the memory store (one for its buckets, one for its local fallback)", order)
+		}
+		if got := hs[0].memory.MaxKeys(); got != 20000 {
+			t.Errorf("%s: the process's memory store holds at most %d keys, want the max_keys 20000 written on the memory site", order, got)
+		}
+		for _, h := range hs {
+			if err := h.Cleanup(); err != nil {
+				t.Errorf("%s: cleanup: %v", order, err)
+			}
+		}
 	}
 }
