@@ -31,6 +31,7 @@ func (c *DenyCache) forgetReset(bucket, key string) {
 	sh.resets[id] = now
 	delete(sh.m, id)
 	delete(sh.last, id)
+	delete(sh.quotas, id)
 }
 
 // resetAfter reports whether the bucket id was reset at or after sent

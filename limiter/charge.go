@@ -21,6 +21,24 @@ type Charge struct {
 	// Ticks is the charge in the rule's ticks (a token is the rule's
 	// refill interval in ticks); a quota's, in requests.
 	Ticks int64
+	// Period makes a quota's charge an outage's: the first instant (unix
+	// microseconds) of the calendar period its Ticks were admitted in,
+	// and Seen the count this node last heard the store give the key in
+	// that period (0: none). The store takes neither in another period;
+	// in that one it raises the key's count to at least Seen, then adds
+	// Ticks. 0: a settlement's charge, counted in the period it lands in.
+	Period, Seen int64
+}
+
+// outage reports whether the charge is a quota's outage charge (Period).
+func (ch *Charge) outage() bool { return ch.Rule.alg == Quota && ch.Period != 0 }
+
+// empty reports whether the charge changes nothing.
+func (ch *Charge) empty() bool {
+	if ch.outage() {
+		return ch.Ticks <= 0 && ch.Seen <= 0
+	}
+	return ch.Ticks <= 0
 }
 
 // charger is a store that takes charges: the Redis store.
@@ -29,13 +47,13 @@ type charger interface {
 }
 
 // Charge charges each key's bucket what the local fallback admitted from it
-// (token and leaky buckets), or a settlement (settle.go: token buckets and
-// quotas); the others are skipped: one script call per
-// key, queued like refunds and sent together, bounded by the store's
-// timeout. A charge may leave a bucket in debt beyond its capacity: the
-// key's next requests then wait for the refill the outage already spent.
-// It goes through the circuit breaker as a decision does, and returns the
-// first error.
+// (token and leaky buckets, and quotas with their seeds: see
+// Charge.Period), or a settlement (settle.go: token buckets and quotas);
+// the others are skipped: one script call per key, queued like refunds and
+// sent together, bounded by the store's timeout. A charge may leave a
+// bucket in debt beyond its capacity: the key's next requests then wait
+// for the refill the outage already spent. It goes through the circuit
+// breaker as a decision does, and returns the first error.
 func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 	allowed, probe := s.breaker.allow()
 	if !allowed {
@@ -44,17 +62,22 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 	ctx, cancel := s.timeoutContext(ctx)
 	defer cancel()
 	calls := make([]*call, 0, len(charges))
-	for _, ch := range charges {
-		if ch.Ticks <= 0 || !ch.Rule.chargeable() {
+	for i := range charges {
+		ch := &charges[i]
+		if ch.empty() || !ch.Rule.chargeable() {
 			continue
+		}
+		cost, aux := int64(1), any(lua.ChargeAux-min(ch.Ticks, lua.MaxChargeDebt))
+		if ch.outage() {
+			cost, aux = 1+ch.Rule.quotaCapped(ch.Ticks), lua.SeedAux-ch.Rule.quotaSeed(ch.Seen, ch.Period)
 		}
 		calls = append(calls, &call{
 			script: s.refund,
 			done:   make(chan struct{}, 1),
 			keys:   []string{s.Key(ch.Rule.bucket, ch.Key)},
 			rules:  []*Rule{ch.Rule},
-			costs:  []int64{1},
-			aux:    []any{lua.ChargeAux - min(ch.Ticks, lua.MaxChargeDebt)},
+			costs:  []int64{cost},
+			aux:    []any{aux},
 		})
 	}
 	var firstErr error
@@ -78,9 +101,10 @@ func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
 // lua.MaxChargeDebt ticks; a quota's current period counts the charge
 // (settle.go). It never fails.
 func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
-	for _, ch := range charges {
+	for i := range charges {
+		ch := &charges[i]
 		r := ch.Rule
-		if ch.Ticks <= 0 || !r.chargeable() {
+		if ch.empty() || !r.chargeable() {
 			continue
 		}
 		id := s.hash.id(r.bucket, ch.Key)
@@ -88,7 +112,8 @@ func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 		sh.mu.Lock()
 		now := s.now()
 		e, ok := sh.m.get(id)
-		if !ok || e.expires <= now {
+		held := ok && e.expires > now
+		if !held {
 			e.state = 0
 		}
 		if limit := int(s.perShard.Load()); limit > 0 && !ok {
@@ -96,9 +121,16 @@ func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 		}
 		var st State
 		var expires int64
-		if r.alg == Quota {
+		switch {
+		case ch.outage():
+			var taken bool
+			if st, expires, taken = sh.quotaOutageCharge(id, r, e.state, held, now, ch); !taken {
+				sh.mu.Unlock()
+				continue
+			}
+		case r.alg == Quota:
 			st, expires = r.quotaCharge(e.state, now, ch.Ticks)
-		} else {
+		default:
 			debt := r.debt(e.state, now) + r.over(e.state, now)
 			st = r.stateAt(now, min(debt+min(ch.Ticks, lua.MaxChargeDebt), lua.MaxChargeDebt))
 			expires = st.fullAt()
@@ -107,6 +139,34 @@ func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// quotaOutageCharge applies a quota's outage charge (Charge.Period) to the
+// key id of the locked shard, whose entry holds state s (held: it holds
+// one), as the refund script does: the shard's rebuilt map stands for the
+// script's <key>!rebuilt. It returns the entry's new state and end, and
+// false when the charge's period is not the current one.
+func (sh *shard) quotaOutageCharge(id bucketID, r *Rule, s State, held bool, now int64, ch *Charge) (State, int64, bool) {
+	added := int64(-1)
+	if m, ok := sh.rebuilt[id]; ok && m.expires > now && held {
+		added = int64(m.state)
+	}
+	st, end, after, taken := r.quotaOutage(s, held, added, now, ch)
+	if !taken {
+		return s, end, false
+	}
+	for old, m := range sh.rebuilt {
+		if m.expires <= now {
+			delete(sh.rebuilt, old)
+		}
+	}
+	if after >= 0 {
+		if sh.rebuilt == nil {
+			sh.rebuilt = make(map[bucketID]memEntry)
+		}
+		sh.rebuilt[id] = memEntry{state: State(after), expires: min(now+lua.RebuiltTTL*1000, end)}
+	}
+	return st, end, true
 }
 
 // chargeable reports whether a Charge applies to the rule's buckets: the

@@ -42,6 +42,8 @@ type DenyCache struct {
 
 	hits    atomic.Uint64
 	learned atomic.Uint64
+	// quotas reports that a shard holds quota counts (lastseen.go).
+	quotas atomic.Bool
 }
 
 type denyShard struct {
@@ -50,6 +52,7 @@ type denyShard struct {
 	bans   map[bucketID]int64         // banned buckets: when the ban ends (cache microseconds)
 	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
 	last   map[bucketID]State         // every bucket's last state the store told (lastseen.go)
+	quotas map[bucketID]quotaSeen     // every quota's last count the store told (lastseen.go); nil until one
 	resets map[bucketID]int64         // buckets reset lately: when (cachereset.go); nil until one is
 	_      [16]byte
 }
@@ -205,6 +208,10 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 		r := reqs[i].Rule
 		cacheable, remembered := r.cacheable(), r.remembered()
 		if res.Unknown || (!cacheable && !remembered) {
+			continue
+		}
+		if r.alg == Quota { // remembered: a count, not a time
+			c.rememberQuota(r, reqs[i].Key, res, sent) // lastseen.go
 			continue
 		}
 		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)

@@ -136,11 +136,13 @@ func (l *Limiter) watchResets() {
 
 // forgetKey forgets what the limiter holds of key in buckets, which a reset
 // made full again: its deny cache's denial and last state, its spares
-// (dropped, not given back: the bucket that was charged for them is gone)
-// and its local fallback buckets. A decision sent before the reset that
-// comes back after it teaches neither the cache nor the spares.
+// (dropped, not given back: the bucket that was charged for them is gone),
+// its quotas' seeds and its local fallback buckets. A decision sent before
+// the reset that comes back after it teaches neither the cache nor the
+// spares.
 func (l *Limiter) forgetKey(buckets []string, key string) {
 	l.resets.note(buckets, key)
+	l.out.forget(buckets, key) // outage.go: a quota's seed
 	for _, b := range buckets {
 		if l.cache != nil {
 			l.cache.forgetReset(b, key)

@@ -91,6 +91,7 @@ type Result struct {
 
 	// owed is the bucket's debt in ticks right after the decision (after
 	// the charge if the request was admitted): what the deny cache learns.
+	// A quota's is its count (lastseen.go).
 	owed int64
 	// at is the store's time of the decision, in microseconds: what a
 	// refund of a window's charge needs to find the window.
@@ -372,6 +373,9 @@ type breakered interface{ Breaker() *Breaker }
 // denies nothing, so its deny policy fails nothing closed.
 func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
+	if l.out.pending.Load() == 0 {
+		l.ledgerQuotas() // outage.go: an outage begins
+	}
 	if !errors.Is(err, ErrBreakerOpen) {
 		l.lastCause.Store(&err)
 	}

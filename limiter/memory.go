@@ -18,7 +18,10 @@ type shard struct {
 	m    bucketTable             // the buckets (all but sliding logs)
 	logs map[bucketID]*logBucket // sliding logs, kept apart: they hold slices
 	bans map[bucketID]banEntry   // denial counts and bans (see membans.go)
-	_    [16]byte
+	// rebuilt holds the quotas that outage charges rebuilt lately, and
+	// what they added (quotaOutageCharge); nil until one is.
+	rebuilt map[bucketID]memEntry
+	_       [8]byte
 }
 
 // memEntry is a bucket in memory: its state and the microsecond from which

@@ -39,9 +39,24 @@ import (
 //     turn) until every node's charges are in, or returnGraceMax has
 //     passed (chargesin.go).
 //
+// Quotas alike, by the calendar: a key's local quota (n / fleet size per
+// period) starts from its share of the count Redis last gave this node in
+// the period, and what it admitted in the period is charged to Redis when
+// it returns, in that period only (a count from a period that has ended
+// is not charged to the next). Redis may return empty (restarted, or a
+// replica promoted that had not heard of the key): so when the store
+// first fails, every quota key of which this node heard a count in the
+// current period enters the ledger too (whatever its zone's failure
+// policy), and its charge carries that count, the seed. Redis raises the
+// key's count to at least the seed before it adds the charge: an empty
+// Redis starts from the highest count any node heard, not from zero
+// (lua/quota.lua). Only what no node heard of is lost: the requests Redis
+// decided but whose answers it never sent.
+//
 // The keys with a charge to make are kept in a ledger of at most
-// maxOutageKeys entries per limiter; a key that finds it full decides on
-// its local bucket as it starts (full) and is charged nothing.
+// maxOutageKeys entries per limiter (the quota keys that enter it with a
+// seed alone, at most half of it); a key that finds it full decides on its
+// local bucket as it starts (full) and is charged nothing.
 
 // maxOutageKeys bounds the ledger of the keys decided locally during an
 // outage.
@@ -58,8 +73,16 @@ type owed struct {
 	local *Rule // the local rule it was last decided on
 	n     int64 // that rule's divisor
 	key   string
-	// admitted is the tokens the local bucket admitted.
+	// admitted is the tokens the local bucket admitted (a quota's: in
+	// the period that starts at microsecond period).
 	admitted int64
+	// seen is a quota key's count that Redis last gave this node in the
+	// period, until a charge took it to Redis (the seed); 0: none.
+	seen, period int64
+	// started reports that the key's local bucket started from what Redis
+	// last said (a quota key may enter the ledger before it is decided
+	// locally: see ledgerQuotas).
+	started bool
 	// charging is closed when the charge in flight ends; nil: none.
 	charging chan struct{}
 }
@@ -91,28 +114,85 @@ func (l *Limiter) seed(q *Request, local *Rule, n int64) *owed {
 	k := outageKey{q.Rule.bucket, q.Key}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if e := o.entries[k]; e != nil {
+	e := o.entries[k]
+	switch {
+	case e != nil:
 		e.local, e.n = local, n
-		return e
-	}
-	if len(o.entries) >= maxOutageKeys {
+	case len(o.entries) >= maxOutageKeys:
 		o.full.Add(1)
 		return nil
+	default:
+		e = l.enter(q.Rule, q.Key, local, n)
 	}
-	if o.entries == nil {
-		o.entries = make(map[outageKey]*owed)
+	if e.started {
+		return e
 	}
-	e := &owed{rule: q.Rule, local: local, n: n, key: q.Key}
-	o.entries[k] = e
-	l.setPending(int64(len(o.entries)))
-	var left int64 // microseconds until the shared bucket is full: 0 when never seen
-	if l.cache != nil && q.Rule.remembered() {
-		left, _ = l.cache.lastOwed(q.Rule, q.Key)
-	}
-	if m, ok := l.local.(*MemoryStore); ok {
+	e.started = true
+	m, ok := l.local.(*MemoryStore)
+	switch {
+	case !ok:
+	case q.Rule.alg == Quota:
+		// The node's share of the count Redis last gave it, rounded up.
+		m.startQuotaAt(local, q.Key, ceilDiv(e.seen, max(1, n)), e.period)
+	default:
+		var left int64 // microseconds until the shared bucket is full: 0 when never seen
+		if l.cache != nil && q.Rule.remembered() {
+			left, _ = l.cache.lastOwed(q.Rule, q.Key)
+		}
 		m.startAt(local, q.Key, left)
 	}
 	return e
+}
+
+// enter adds a key's entry to the ledger (o.mu held): a quota key's with
+// the period it is in by this node's clock, and the count Redis last gave
+// this node in it.
+func (l *Limiter) enter(r *Rule, key string, local *Rule, n int64) *owed {
+	o := &l.out
+	if o.entries == nil {
+		o.entries = make(map[outageKey]*owed)
+	}
+	e := &owed{rule: r, local: local, n: n, key: key}
+	if r.alg == Quota {
+		e.period, _ = r.periodAt(time.Now().UnixMicro())
+		if l.cache != nil {
+			e.seen, _ = l.cache.lastQuota(r, key, e.period)
+		}
+	}
+	o.entries[outageKey{r.bucket, key}] = e
+	l.setPending(int64(len(o.entries)))
+	return e
+}
+
+// ledgerQuotas is called when the store fails while the ledger is empty
+// (an outage begins): every quota key of which this node heard a count in
+// the current period enters the ledger, so that its charge seeds Redis
+// with that count when Redis returns, whether or not the key is decided
+// here meanwhile, and whatever its zone's failure policy. At most half the
+// ledger.
+func (l *Limiter) ledgerQuotas() {
+	if l.cache == nil {
+		return
+	}
+	seen := l.cache.quotasSeen(time.Now().UnixMicro())
+	if len(seen) == 0 {
+		return
+	}
+	view := l.fleetSize() // divisor.go
+	o := &l.out
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, q := range seen {
+		if len(o.entries) >= maxOutageKeys/2 {
+			o.full.Add(1)
+			break
+		}
+		if q.count <= 0 || o.entries[outageKey{q.rule.bucket, q.key}] != nil {
+			continue
+		}
+		local, n := q.rule.localFor(view) // nil, 1 under another policy than local
+		l.enter(q.rule, q.key, local, n)
+	}
 }
 
 // startAt sets the key's bucket under rule r to be full again in left
@@ -137,6 +217,44 @@ func (s *MemoryStore) startAt(r *Rule, key string, left int64) {
 	sh.m.put(id, memEntry{state: st, expires: st.fullAt()})
 }
 
+// forget drops the seeds of the key's quotas in buckets, which a reset
+// emptied: its charges stay.
+func (o *outage) forget(buckets []string, key string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, b := range buckets {
+		if e := o.entries[outageKey{b, key}]; e != nil {
+			e.seen = 0
+		}
+	}
+}
+
+// startQuotaAt sets the key's count under quota r (a local rule) in the
+// period that starts at microsecond start to at least count, if that
+// period is the current one.
+func (s *MemoryStore) startQuotaAt(r *Rule, key string, count, start int64) {
+	if r.alg != Quota || count <= 0 {
+		return
+	}
+	id := s.hash.id(r.bucket, key)
+	sh := &s.shards[id.shard()]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	from, end := r.periodAt(now)
+	if from != start {
+		return
+	}
+	e, ok := sh.m.get(id)
+	if ok && e.expires > now && quotaUsed(e.state, from) >= count {
+		return
+	}
+	if limit := int(s.perShard.Load()); limit > 0 && !ok {
+		s.makeRoom(sh, limit, now)
+	}
+	sh.m.put(id, memEntry{state: State(count*quotaTags + quotaTag(from)), expires: end})
+}
+
 // owedUS returns how many microseconds the key's bucket under rule r takes
 // to be full again (0: full).
 func (s *MemoryStore) owedUS(r *Rule, key string) int64 {
@@ -154,15 +272,32 @@ func (s *MemoryStore) owedUS(r *Rule, key string) int64 {
 // admittedLocally adds what a local decision admitted to the ledger.
 func (o *outage) admittedLocally(e *owed, tokens int64) {
 	o.mu.Lock()
-	e.admitted += tokens
+	o.add(e, tokens)
 	o.mu.Unlock()
 }
 
-// chargeOf returns, in the zone's ticks, what a key's entry charges: the
-// tokens its local bucket admitted, at most this node's share of what the
-// shared bucket would owe by the local bucket's state.
-func (l *Limiter) chargeOf(e *owed) int64 {
+// add adds tokens admitted (or settled) locally to an entry (o.mu held). A
+// quota's count starts afresh in a new period: what the entry held of the
+// period that ended, seed included, is not charged to the next.
+func (o *outage) add(e *owed, tokens int64) {
+	if e.rule.alg == Quota {
+		if start, _ := e.rule.periodAt(time.Now().UnixMicro()); start != e.period {
+			e.period, e.admitted, e.seen = start, 0, 0
+		}
+	}
+	e.admitted += tokens
+}
+
+// chargeOf returns what a key's entry charges (o.mu held): in the zone's
+// ticks, the tokens its local bucket admitted, at most this node's share
+// of what the shared bucket would owe by the local bucket's state; a
+// quota's, the requests its local quota admitted in the entry's period,
+// with the seed.
+func (l *Limiter) chargeOf(e *owed) Charge {
 	r := e.rule
+	if r.alg == Quota {
+		return Charge{Rule: r, Key: e.key, Ticks: max(0, e.admitted), Period: e.period, Seen: e.seen}
+	}
 	ticks := e.admitted * r.interval
 	if m, ok := l.local.(*MemoryStore); ok {
 		left := m.owedUS(e.local, e.key) // microseconds
@@ -171,7 +306,7 @@ func (l *Limiter) chargeOf(e *owed) int64 {
 		// (left*denom ticks) for the fleet, this node 1/n of it.
 		ticks = min(ticks, ceilDiv(left*r.denom, max(1, e.n)))
 	}
-	return max(0, ticks)
+	return Charge{Rule: r, Key: e.key, Ticks: max(0, ticks)}
 }
 
 // settle charges the ledger's entries of a request's zones before the
@@ -207,12 +342,10 @@ func (l *Limiter) settle(ctx context.Context, reqs []Request) error {
 				e.charging = make(chan struct{})
 				mine = append(mine, e)
 				snap = append(snap, e.admitted)
+				charges = append(charges, l.chargeOf(e))
 			}
 		}
 		o.mu.Unlock()
-		for _, e := range mine {
-			charges = append(charges, Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)})
-		}
 		if len(mine) > 0 {
 			err := l.sendCharges(ctx, ch, mine, charges, snap)
 			if err != nil {
@@ -232,8 +365,8 @@ func (l *Limiter) settle(ctx context.Context, reqs []Request) error {
 
 // sendCharges sends the charges of the entries (each taken, with the
 // tokens it had admitted in snap) and ends them: an entry charged leaves
-// the ledger (or keeps what its bucket admitted meanwhile), one that
-// failed stays for later.
+// the ledger (or keeps what its bucket admitted meanwhile; a quota's seed
+// went in with its charge), one that failed stays for later.
 func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, charges []Charge, snap []int64) error {
 	err := ch.Charge(ctx, charges)
 	if err != nil && ctx.Err() == nil {
@@ -243,9 +376,10 @@ func (l *Limiter) sendCharges(ctx context.Context, ch charger, mine []*owed, cha
 	grace := time.Now().UnixNano() < o.graceUntil.Load() // keep the entries: local until it ends
 	o.mu.Lock()
 	for i, e := range mine {
-		if err == nil {
+		if err == nil && e.period == charges[i].Period { // a quota's period that ended took nothing
 			o.charged.Add(1)
 			e.admitted -= snap[i]
+			e.seen = 0
 			if e.admitted <= 0 && !grace {
 				delete(o.entries, outageKey{e.rule.bucket, e.key})
 			}
@@ -288,6 +422,7 @@ func (l *Limiter) flushAll(ch charger) (need int64, ok bool) {
 	for len(all) > 0 { // each entry once, maxBatch at a time
 		var mine []*owed
 		var snap []int64
+		var charges []Charge
 		o.mu.Lock()
 		for len(all) > 0 && len(mine) < maxBatch {
 			e := all[0]
@@ -296,15 +431,12 @@ func (l *Limiter) flushAll(ch charger) (need int64, ok bool) {
 				e.charging = make(chan struct{})
 				mine = append(mine, e)
 				snap = append(snap, e.admitted)
+				charges = append(charges, l.chargeOf(e))
 			}
 		}
 		o.mu.Unlock()
 		if len(mine) == 0 {
 			continue // the requests are charging these
-		}
-		charges := make([]Charge, len(mine))
-		for i, e := range mine {
-			charges[i] = Charge{Rule: e.rule, Key: e.key, Ticks: l.chargeOf(e)}
 		}
 		if err := l.sendCharges(context.Background(), ch, mine, charges, snap); err != nil {
 			return need, false // the store is away again: the next decision it makes flushes

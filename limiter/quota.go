@@ -166,7 +166,7 @@ func (r *Rule) quotaResult(v verdict, charged bool, cost int64) Result {
 	if charged {
 		used += cost
 	}
-	res := Result{Allowed: charged || v.ok, Remaining: max(0, r.rate-used), ResetAfter: us(v.reset), Period: us(v.periodUS)}
+	res := Result{Allowed: charged || v.ok, Remaining: max(0, r.rate-used), ResetAfter: us(v.reset), Period: us(v.periodUS), owed: used}
 	switch {
 	case res.Allowed:
 	case v.never:
@@ -195,6 +195,41 @@ func (r *Rule) quotaCharge(s State, now, n int64) (State, int64) {
 	start, end := r.periodAt(now)
 	used := min(quotaUsed(s, start)+n, 2*r.rate)
 	return State(used*quotaTags + quotaTag(start)), end
+}
+
+// quotaCapped returns n requests of a quota's charge or seed, at most
+// twice the quota (as a settlement's charge leaves it at most).
+func (r *Rule) quotaCapped(n int64) int64 { return min(max(n, 0), 2*r.rate) }
+
+// quotaSeed returns an outage charge's seed as the script takes it: the
+// count seen, as a state of the period that starts at microsecond period.
+func (r *Rule) quotaSeed(seen, period int64) int64 {
+	return r.quotaCapped(seen)*quotaTags + quotaTag(period)
+}
+
+// quotaOutage returns the state of a quota after an outage's charge ch
+// (see Charge.Period; lua/quota.lua's), at microsecond now, of a key that
+// holds state s (held: the key holds a count at all) and whose count
+// outage charges rebuilt lately, with added requests since (-1: not
+// rebuilt); its end; and what the rebuilt count's charges added after it
+// (-1: none). taken is false when the current period is not ch's: the
+// charge then changes nothing.
+func (r *Rule) quotaOutage(s State, held bool, added, now int64, ch *Charge) (st State, end, after int64, taken bool) {
+	start, end := r.periodAt(now)
+	tag := quotaTag(start)
+	if quotaTag(ch.Period) != tag {
+		return s, end, added, false
+	}
+	used := quotaUsed(s, start)
+	if !held || int64(s)%quotaTags != tag {
+		used, added = 0, 0 // Redis no longer holds the count: rebuild it
+	}
+	n := r.quotaCapped(ch.Ticks)
+	count := min(max(used-max(added, 0), r.quotaCapped(ch.Seen))+max(added, 0)+n, 2*r.rate)
+	if added >= 0 {
+		added = min(added+n, count)
+	}
+	return State(count*quotaTags + tag), end, added, true
 }
 
 // quotaArgs returns a quota's arguments for the Redis scripts at this

@@ -167,10 +167,10 @@ func TestWireQuotaRedis(t *testing.T) {
 	if got := wireText(reply); got != want {
 		t.Errorf("reply, one value a line:\n%s\nwant:\n%s", got, want)
 	}
-	const results = `true [{Allowed:true Remaining:9 RetryAfter:0s ResetAfter:100ms Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:100000 at:1700000000000000 spares:0} {Allowed:true Remaining:999 RetryAfter:0s ResetAfter:384h46m40s Delay:0s Period:720h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
-false [{Allowed:false Remaining:999 RetryAfter:-1ns ResetAfter:384h46m40s Delay:0s Period:720h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
-true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:1h46m40s Delay:0s Period:24h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
-false [{Allowed:false Remaining:0 RetryAfter:1h46m40s ResetAfter:1h46m40s Delay:0s Period:24h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:0 at:1700000000000000 spares:0}]
+	const results = `true [{Allowed:true Remaining:9 RetryAfter:0s ResetAfter:100ms Delay:0s Period:0s Unknown:false DryRun:false Banned:false BanStarted:false owed:100000 at:1700000000000000 spares:0} {Allowed:true Remaining:999 RetryAfter:0s ResetAfter:384h46m40s Delay:0s Period:720h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:1 at:1700000000000000 spares:0}]
+false [{Allowed:false Remaining:999 RetryAfter:-1ns ResetAfter:384h46m40s Delay:0s Period:720h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:1 at:1700000000000000 spares:0}]
+true [{Allowed:true Remaining:0 RetryAfter:0s ResetAfter:1h46m40s Delay:0s Period:24h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:1 at:1700000000000000 spares:0}]
+false [{Allowed:false Remaining:0 RetryAfter:1h46m40s ResetAfter:1h46m40s Delay:0s Period:24h0m0s Unknown:false DryRun:false Banned:false BanStarted:false owed:1 at:1700000000000000 spares:0}]
 `
 	if got := decodeWire(t, reply, quotaWireBatch(t), calls); got != results {
 		t.Errorf("results:\n%s\nwant:\n%s", got, results)

@@ -21,8 +21,9 @@ import (
 // its local bucket, and the outage's ledger takes the difference, so that
 // it reaches the store with the rest of the key's charge when the store
 // answers again. A quota settles too, in the period the settlement lands
-// in (its local count during an outage, which is not charged back). A request admitted from a node's prefetched spares
-// settles on the store's bucket, as any other.
+// in (during an outage its local count, charged back in that period). A
+// request admitted from a node's prefetched spares settles on the store's
+// bucket, as any other.
 //
 // A charge that the store fails is sent again, settleAttempts times in
 // all; one that still fails is lost, and counted (Settlements, and the
@@ -159,7 +160,7 @@ func (l *Limiter) settleLocal(ctx context.Context, q Request, res Result, st *Se
 	e := o.entries[outageKey{r.bucket, q.Key}]
 	local := r.local
 	if e != nil {
-		e.admitted += st.Tokens
+		o.add(e, st.Tokens)
 		local = e.local
 	} else {
 		local, _ = r.localFor(l.fleetSize())
@@ -168,7 +169,7 @@ func (l *Limiter) settleLocal(ctx context.Context, q Request, res Result, st *Se
 	st.Attempts++
 	if st.Tokens > 0 {
 		_ = m.Charge(ctx, []Charge{{Rule: local, Key: q.Key, Ticks: local.chargeUnits(st.Tokens)}})
-		if e == nil && r.alg == TokenBucket { // a quota's local count is not charged back
+		if e == nil {
 			return l.settleStore(ctx, q, res, st)
 		}
 		return nil

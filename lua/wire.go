@@ -107,6 +107,24 @@ const ChargeAux = -1
 // arithmetic stays exact in Lua's doubles.
 const MaxChargeDebt = 1 << 51
 
+// SeedAux marks a quota's outage charge in the refund script: a quota zone
+// whose aux is at or below it (SeedAux - s) carries a seed s, the count a
+// node last heard Redis give the key times 1024 plus the tag of its
+// period, and charges cost - 1 requests that the node's local quota
+// admitted in that period. Redis takes neither in another period; in
+// that one it raises the count to at least the seed's, then adds the
+// charge (see quota.lua). Below every settlement's charge (ChargeAux -
+// MaxChargeDebt), and exact in Lua's doubles with any seed of a quota up
+// to twice MaxQuota.
+const SeedAux = -(1 << 52)
+
+// RebuiltTTL is how long, in milliseconds, a quota's count that outage
+// charges rebuilt (Redis no longer held it) remembers what the charges
+// added, so that a node's seed arriving after another's charge raises the
+// rest of the count, not the charge: longer than the nodes take to send
+// their charges when Redis returns.
+const RebuiltTTL = 10_000
+
 // NoZones is the zone argument of a request of no zones.
 const NoZones = -1
 
@@ -204,6 +222,8 @@ var names = []struct {
 	{"NO_ZONES", NoZones},
 	{"CHARGE", ChargeAux},
 	{"MAX_DEBT", MaxChargeDebt},
+	{"SEED", SeedAux},
+	{"REBUILT_MS", RebuiltTTL},
 	{"Z_FLAG", ReplyFlag},
 	{"Z_R1", ReplyR1},
 	{"Z_R2", ReplyR2},
