@@ -5,7 +5,7 @@ package fleetlimit
 // without a network: Caddy's own per-request work (its request
 // preparation, routes, handlers, error path, the header map net/http
 // copies on WriteHeader) with none of the system calls and connection
-// handling that make `go run ./bench` noisy. It compares a denial with
+// handling that make `go run ./cmd/bench` noisy. It compares a denial with
 // what Caddy does for the same response without the limiter:
 //
 //	go test -run xxx -bench Server -benchmem -cpu 1 .
@@ -47,7 +47,7 @@ func BenchmarkServer(b *testing.B) {
 		return "\trate_limit {\n" + store + "\t\tzone bench {\n\t\t\tkey {header.X-Key}\n\t\t\trate 100 1s\n" + zone + "\t\t}\n\t}\n\trespond \"ok\"\n"
 	}
 	const ban = "\t\t\tban 1h after 10 in 1m\n"
-	// allow admits every request of the benchmark, as go run ./bench's
+	// allow admits every request of the benchmark, as go run ./cmd/bench's
 	// admitted rows do.
 	allow := func(headers string) string {
 		return "\trate_limit {\n" + headers + "\t\tzone bench {\n\t\t\tkey {header.X-Key}\n\t\t\trate 1000 1h\n\t\t\tburst 100000000\n\t\t}\n\t}\n\trespond \"ok\"\n"
@@ -157,7 +157,7 @@ func loadServer(b *testing.B, site string) *caddyhttp.Server {
 // BenchmarkServerConcurrent is BenchmarkServer's admitted requests served
 // by 50 goroutines at once, as 50 connections would be: on Redis the
 // decisions waiting at the same time share round trips, as they do in
-// `go run ./bench`, so the figure is Caddy's CPU per request with the
+// `go run ./cmd/bench`, so the figure is Caddy's CPU per request with the
 // store's batching (Redis' own CPU is another process's):
 //
 //	go test -run xxx -bench ServerConcurrent -benchmem -cpu 1 .

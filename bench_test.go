@@ -12,7 +12,7 @@ package fleetlimit
 // request's placeholders there; both benchmarks pay for the replacer):
 // these are the handler's own costs, not Caddy's per-request setup. The
 // whole server's work per request is BenchmarkServer, and the end-to-end
-// comparison with plain Caddy is `go run ./bench`.
+// comparison with plain Caddy is `go run ./cmd/bench`.
 
 import (
 	"context"

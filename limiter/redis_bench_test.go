@@ -17,7 +17,7 @@ import (
 // script calls that concurrent decisions share (decisions/roundtrip,
 // decisions/evalsha), and Redis' own time per decision (redis-us/decision,
 // from INFO commandstats: EVALSHA's time over the decisions), and the
-// buckets Redis holds at the end (keys). The rule is go run ./bench's
+// buckets Redis holds at the end (keys). The rule is go run ./cmd/bench's
 // admitted one (1000 an hour, burst 100,000,000): nothing is denied and
 // every bucket lives for the whole run, so with 100,000 keys drawn at
 // random each decision reads and writes a bucket among 100,000, as a

@@ -199,13 +199,8 @@ func (c *config) rules() (global, client, warm *limiter.Rule, err error) {
 
 // simulate runs one simulation against t and measures it.
 func simulate(ctx context.Context, c config, t target) (*result, error) {
-	switch {
-	case c.Nodes < 1 || c.Keys < 1 || c.Workers < 1:
-		return nil, errors.New("nodes, keys and workers must be positive")
-	case c.ZipfS <= 1:
-		return nil, errors.New("the Zipf exponent must be above 1")
-	case !c.Global && !c.Client:
-		return nil, errors.New("no zone: choose global, client or both")
+	if err := c.check(); err != nil {
+		return nil, err
 	}
 	global, client, warm, err := c.rules()
 	if err != nil {
@@ -250,27 +245,8 @@ func simulate(ctx context.Context, c config, t target) (*result, error) {
 		return nil, err
 	}
 	cpu0 := processCPU()
-	stats := make([]keyStat, c.Keys)
-	var gstat keyStat
-	keys := make([]string, c.Keys)
-	for i := range keys {
-		keys[i] = "u" + strconv.Itoa(i)
-	}
-
 	c.logf("%s: loading %d nodes x %d workers for %s ...", t.name, c.Nodes, c.Workers, c.Duration)
-	loadCtx, cancel := context.WithTimeout(ctx, c.Duration)
-	defer cancel()
-	t0 := time.Now()
-	w := &load{cfg: &c, t0: t0, end: t0.Add(c.Duration), global: global, client: client, keys: keys, stats: stats, gstat: &gstat}
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		for j := range c.Workers {
-			wg.Go(func() { w.run(loadCtx, n, uint64(i*c.Workers+j)) })
-		}
-	}
-	wg.Wait()
-	elapsed := time.Since(t0)
-
+	w, elapsed := drive(ctx, &c, nodes, global, client)
 	after, err := mon.stats(ctx)
 	if err != nil {
 		return nil, err
@@ -278,6 +254,41 @@ func simulate(ctx context.Context, c config, t target) (*result, error) {
 	res.SimCPU = processCPU() - cpu0
 	res.measure(c, nodes, w, before, after, elapsed)
 	return res, nil
+}
+
+// check reports a configuration that cannot run.
+func (c *config) check() error {
+	switch {
+	case c.Nodes < 1 || c.Keys < 1 || c.Workers < 1:
+		return errors.New("nodes, keys and workers must be positive")
+	case c.ZipfS <= 1:
+		return errors.New("the Zipf exponent must be above 1")
+	case !c.Global && !c.Client:
+		return errors.New("no zone: choose global, client or both")
+	}
+	return nil
+}
+
+// drive loads the nodes with c.Workers workers each for c.Duration, and
+// returns the load, which holds what each key got, and how long it took.
+func drive(ctx context.Context, c *config, nodes []*node, global, client *limiter.Rule) (*load, time.Duration) {
+	keys := make([]string, c.Keys)
+	for i := range keys {
+		keys[i] = "u" + strconv.Itoa(i)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.Duration)
+	defer cancel()
+	t0 := time.Now()
+	w := &load{cfg: c, t0: t0, end: t0.Add(c.Duration), global: global, client: client, keys: keys,
+		stats: make([]keyStat, c.Keys), gstat: new(keyStat)}
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		for j := range c.Workers {
+			wg.Go(func() { w.run(ctx, n, uint64(i*c.Workers+j)) })
+		}
+	}
+	wg.Wait()
+	return w, time.Since(t0)
 }
 
 // idleCPU measures, for a second with no load, the share of a CPU the

@@ -3,7 +3,7 @@
 // fresh Caddy per configuration and round with wrk, alternating the
 // configurations round-robin, then reports medians over the rounds.
 //
-//	go run ./bench [-rounds 3] [-duration 10s] [-connections 50] [-out bench-results]
+//	go run ./cmd/bench [-rounds 3] [-duration 10s] [-connections 50] [-out bench-results]
 //
 // Configurations: plain Caddy (respond "ok"), rate_limit on the memory
 // store and rate_limit on Redis; each with one hot key and with 100,000
