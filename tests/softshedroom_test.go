@@ -1,0 +1,141 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestSoftShedRoomFairShare: one key that fills a soft_shed zone's waiting
+// room (max_waiting 5) does not turn another key away. The second key's
+// first request past the threshold is delayed, not denied: a place is
+// taken back from the key holding the most, whose request that would end
+// its wait soonest is passed on at once. The first key, then holding more
+// than its fair part, is turned away (429, charged nothing). (It was: the
+// second key's 11th request answered 429 with 89 tokens left.)
+func TestSoftShedRoomFairShare(t *testing.T) {
+	t.Parallel()
+	n := startCaddy(t, "", `
+	rate_limit {
+		zone api {
+			key {header.X-Key}
+			rate 20 1m
+			burst 100
+			soft_shed 10 4s
+			max_waiting 5
+		}
+	}
+	handle_errors 429 {
+		respond "{http.error.message}" 429
+	}
+	respond "ok"`)
+
+	// Key a: its first 10 tokens pass at once; the next 5 wait 3 s (a
+	// token's refill), then 4 s each (the max delay), and fill the room.
+	for i := range 10 {
+		if r := n.get("/", "X-Key: a"); r.Status != 200 || r.Header.Get("X-Ratelimit-Delay") != "" {
+			t.Fatalf("key a, request %d: %d, delay %q; want 200 at once", i+1, r.Status, r.Header.Get("X-Ratelimit-Delay"))
+		}
+	}
+	type waited struct {
+		status int
+		took   time.Duration
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	done := make(chan waited, 5)
+	for range 5 {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.URL+"/", nil)
+			req.Header.Set("X-Key", "a")
+			start := time.Now()
+			w := waited{status: -1}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+				w.status = resp.StatusCode
+			}
+			w.took = time.Since(start)
+			done <- w
+		}()
+		time.Sleep(20 * time.Millisecond) // in order
+	}
+	waitFor(t, 5*time.Second, "key a to hold the whole room", func() bool { return roomWaiting(t, n) == 5 })
+
+	// Key b: within its burst, never denied because of key a.
+	for i := range 10 {
+		if r := n.get("/", "X-Key: b"); r.Status != 200 || r.Header.Get("X-Ratelimit-Delay") != "" {
+			t.Fatalf("key b, request %d: %d, delay %q; want 200 at once", i+1, r.Status, r.Header.Get("X-Ratelimit-Delay"))
+		}
+	}
+	eleventh := make(chan response, 1)
+	start := time.Now()
+	go func() {
+		r, err := n.Do(http.MethodGet, "/", "X-Key: b")
+		if err != nil {
+			r.Status = -1
+		}
+		eleventh <- r
+	}()
+
+	// Key b's place was taken back from key a: the request of key a whose
+	// wait would have ended first (3 s) is passed on at once.
+	var held []waited
+	select {
+	case w := <-done:
+		held = append(held, w)
+		if w.status != 200 || w.took > 2500*time.Millisecond {
+			t.Errorf("key a's first request to leave the room: %d after %s; want 200, its 3 s wait cut short", w.status, w.took)
+		}
+	case r := <-eleventh:
+		t.Fatalf("key b's 11th request, with key a holding the room: %d %q (RateLimit %q); want 200 after its delay",
+			r.Status, r.Body, r.Header.Get("RateLimit"))
+	}
+	// Key a now holds more than its fair part of the room (4 places, with
+	// two keys waiting): its next request is turned away, charged nothing.
+	if r := n.get("/", "X-Key: a"); r.Status != 429 || r.Body != `too many requests waiting for their turn in zone "api"` {
+		t.Errorf("key a's 16th request: %d %q; want 429 from the waiting room", r.Status, r.Body)
+	}
+
+	r := <-eleventh
+	if r.Status != 200 {
+		t.Fatalf("key b's 11th request: %d %q (RateLimit %q); want 200 after its delay", r.Status, r.Body, r.Header.Get("RateLimit"))
+	}
+	// Its delay: the refill of one token (3 s), less what refilled while
+	// key b sent its first ten.
+	if ms, err := strconv.Atoi(r.Header.Get("X-Ratelimit-Delay")); err != nil || ms < 2500 || ms > 3000 ||
+		time.Since(start) < time.Duration(ms)*time.Millisecond {
+		t.Errorf("key b's 11th request: X-RateLimit-Delay %q after %s; want about 3000 ms, waited",
+			r.Header.Get("X-Ratelimit-Delay"), time.Since(start))
+	}
+	// The other four requests of key a waited their whole delay.
+	for range 4 {
+		held = append(held, <-done)
+	}
+	for _, w := range held[1:] {
+		if w.status != 200 || w.took < 3500*time.Millisecond {
+			t.Errorf("key a's waits: %+v; want 200 after 4 s but for the one cut short", held)
+			break
+		}
+	}
+	waitFor(t, 5*time.Second, "the room to empty", func() bool { return roomWaiting(t, n) == 0 })
+}
+
+// roomWaiting returns how many requests wait in the node's only zone's
+// waiting room, from the stats.
+func roomWaiting(t *testing.T, n *node) int64 {
+	t.Helper()
+	var doc struct {
+		Zones []struct {
+			Queue struct {
+				Waiting int64 `json:"waiting"`
+			} `json:"queue"`
+		} `json:"zones"`
+	}
+	if err := json.Unmarshal([]byte(n.adminGet("/rate_limit/stats?series=0")), &doc); err != nil || len(doc.Zones) != 1 {
+		t.Fatalf("stats: %v %+v", err, doc)
+	}
+	return doc.Zones[0].Queue.Waiting
+}
