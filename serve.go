@@ -155,15 +155,14 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	case limiter.FailedClosed:
 		return false, h.unavailable(w, ds)
 	}
-	var room *waitRoom // the wait room this request holds a place in
+	var place *roomPlace // the request's place in a waiting room
 	if admitted {
-		if z, delay := delayOf(ds); z != nil {
-			if !z.room.enter() {
-				// Full: turned away, and charged nothing.
+		if d := delayOf(ds); d != nil {
+			if place = d.zone.room.enter(d.req.Key); place == nil {
+				// No place for it: turned away, and charged nothing.
 				h.giveBack(outcome, ds)
-				return false, h.deny(w, r, denier{zone: z, retry: delay, err: z.errWaiting}, shown(ds), policyOf(ds))
+				return false, h.deny(w, r, denier{zone: d.zone, retry: d.res.Delay, err: d.zone.errWaiting}, shown(ds), policyOf(ds))
 			}
-			room = z.room
 		}
 		sc.hold(outcome, ds)
 	}
@@ -178,9 +177,9 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 		return false, h.deny(w, r, den, reported, policy)
 	}
 	h.headers.write(w.Header(), reported, policy, noRetryAfter)
-	if room != nil {
-		defer room.leave()
-		if err := h.wait(w, r, reported); err != nil {
+	if place != nil {
+		defer place.leave()
+		if err := h.wait(w, r, reported, place); err != nil {
 			return false, err
 		}
 	}
@@ -338,39 +337,77 @@ const hdrDelay = "X-Ratelimit-Delay"
 // turn in a leaky bucket, or for a soft shed's delay.
 var errClientGone = errors.New("client went away while waiting for its turn")
 
-// delayOf returns the zone (a leaky bucket, or a token bucket that sheds
-// softly) that delays an admitted request longest, and its delay; nil when
-// none delays it.
-func delayOf(ds []zoneDecision) (*Zone, time.Duration) {
-	var delay time.Duration
-	var zone *Zone
+// delayOf returns the decision of the zone (a leaky bucket, or a token
+// bucket that sheds softly) that delays an admitted request longest; nil
+// when none delays it.
+func delayOf(ds []zoneDecision) *zoneDecision {
+	var longest *zoneDecision
 	for i := range ds {
-		if ds[i].res.Delay > delay && ds[i].zone.room != nil && !shedOnlyCounted(&ds[i]) {
-			delay, zone = ds[i].res.Delay, ds[i].zone
+		if ds[i].zone.room != nil && !shedOnlyCounted(&ds[i]) && ds[i].res.Delay > 0 &&
+			(longest == nil || ds[i].res.Delay > longest.res.Delay) {
+			longest = &ds[i]
 		}
 	}
-	return zone, delay
+	return longest
 }
 
-// wait holds an admitted request for its turn when a leaky bucket zone
-// delayed it (or for its delay, when a zone sheds softly), and releases it
-// early if the client goes away: it keeps its charge, unless a
-// count_status zone does not count its 499 (see ServeHTTP).
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision) error {
-	zone, delay := delayOf(ds)
-	if zone == nil {
+// turnOf returns how long the leaky bucket zones of an admitted request
+// delay it: the longest wait no waiting room cuts short.
+func turnOf(ds []zoneDecision) time.Duration {
+	var turn time.Duration
+	for i := range ds {
+		if ds[i].req.Rule.Algorithm() == limiter.LeakyBucket {
+			turn = max(turn, ds[i].res.Delay)
+		}
+	}
+	return turn
+}
+
+// wait holds an admitted request in its place for its turn when a leaky
+// bucket zone delayed it (or for its delay, when a zone sheds softly), and
+// releases it early if the client goes away: it keeps its charge, unless a
+// count_status zone does not count its 499 (see ServeHTTP). When the room
+// takes its place back for another key, a soft shed's delay ends there,
+// and the request waits only for its leaky buckets' turn, if any.
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision, place *roomPlace) error {
+	d := delayOf(ds)
+	if d == nil {
 		return nil
 	}
-	w.Header()[hdrDelay] = []string{strconv.FormatInt(int64((delay+time.Millisecond-1)/time.Millisecond), 10)}
+	delay := d.res.Delay
+	w.Header()[hdrDelay] = []string{delayMillis(delay)}
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit delayed request"); ce != nil {
-		ce.Write(zap.String("zone", zone.Name), zap.Duration("delay", delay))
+		ce.Write(zap.String("zone", d.zone.Name), zap.Duration("delay", delay))
 	}
+	start := time.Now()
 	t := time.NewTimer(delay)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-r.Context().Done():
-		return caddyhttp.Error(499, errClientGone)
+	cut := place.cut
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case <-cut:
+			waited := time.Since(start)
+			turn := turnOf(ds)
+			if ce := h.logger.Check(zap.DebugLevel, "rate limit delay cut short for another key's place"); ce != nil {
+				ce.Write(zap.String("zone", d.zone.Name), zap.Duration("waited", waited), zap.Duration("turn", turn))
+			}
+			if waited >= turn {
+				w.Header()[hdrDelay] = []string{delayMillis(waited)}
+				return nil
+			}
+			w.Header()[hdrDelay] = []string{delayMillis(turn)}
+			t.Reset(turn - waited)
+			cut = nil
+		case <-r.Context().Done():
+			return caddyhttp.Error(499, errClientGone)
+		}
 	}
+}
+
+// delayMillis is a delay in X-RateLimit-Delay: whole milliseconds, rounded
+// up.
+func delayMillis(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)
 }

@@ -420,7 +420,7 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.errBadCost = fmt.Errorf("zone %q: request cost is not a non-negative integer", z.Name)
 	z.errWaiting = fmt.Errorf("too many requests waiting for their turn in zone %q", z.Name)
 	if rule.Algorithm() == limiter.LeakyBucket || z.SoftShed > 0 {
-		z.room = &waitRoom{max: cmp.Or(z.MaxWaiting, DefaultMaxWaiting)}
+		z.room = newWaitRoom(cmp.Or(z.MaxWaiting, DefaultMaxWaiting), z.SoftShed > 0)
 	}
 	return nil
 }
