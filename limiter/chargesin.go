@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +31,17 @@ import (
 // subscription broken by a Redis restart) holds the others, at most
 // returnGraceMax, which the bound allows (local buckets hold the fleet
 // within it).
+//
+// The set lives in one Cluster slot, so what the fleet sends it is
+// bounded per node, however many nodes charge: a node records itself at
+// most once per chargedShared however many of its limiters poll (they
+// share the record), and answers the announcements at most once per
+// chargedAnswerEvery (its entry still counts through the grace of every
+// node that announces meanwhile). With K of N nodes charging, the slot
+// gets N−K answers, not K×(N−K), and in all at most one call per node per
+// chargedShared, each node for at most returnGraceMax after it came back
+// or heard an announcement: for 100 nodes, at most 4,000 short script
+// calls a second (the polls stop once the set holds the fleet).
 
 // returnGraceMax is the longest a node that finds Redis back keeps
 // deciding the local zones' keys on its local buckets, waiting for the
@@ -49,6 +62,19 @@ const chargingMsg = "!charging"
 // chargedPoll is how often a node in its grace counts the nodes whose
 // charges are in.
 const chargedPoll = 50 * time.Millisecond
+
+// chargedShared is how recently a record of this node in the set must
+// have come back for the store's limiters that poll the set to share it:
+// under chargedPoll, so that each limiter's poll still reads a count newer
+// than its last.
+const chargedShared = chargedPoll / 2
+
+// chargedAnswerEvery is the least time between two of a node's answers to
+// chargingMsg. An entry counts for chargedWindow from when it was sent, and
+// a grace lasts returnGraceMax from before its announcement, so an entry
+// sent within chargedAnswerEvery of an announcement counts through its
+// grace.
+const chargedAnswerEvery = chargedWindow - returnGraceMax
 
 // chargeBarrier is a store shared by the fleet that can count the nodes
 // whose charges are in: the Redis store.
@@ -79,11 +105,43 @@ var chargedScript = redis.NewScript(lua.Charged)
 // chargedWindow): one call of the charged script, which scores the entries
 // by Redis TIME, so that a node whose clock is off is counted all the same
 // and leaves no entry that outlives the window. (The store's test Clock
-// does not reach it either: the barrier is no bucket.)
+// does not reach it either: the barrier is no bucket.) A record that went
+// in less than chargedShared ago stands for a new one: its count is
+// returned.
 func (s *RedisStore) ChargesIn(ctx context.Context) (int64, error) {
+	return s.barrier.record(ctx, s, 0, chargedShared)
+}
+
+// nodeBarrier is a store's side of the outage barrier: its last record in
+// the set of nodes whose charges are in.
+type nodeBarrier struct {
+	mu sync.Mutex // held across a record: concurrent callers share one
+	// sent and done are when the last record that went in was sent and
+	// when its reply came (zero: none); n is the count it returned.
+	sent, done time.Time
+	n          int64
+	// answering is set while an answer to chargingMsg is in flight.
+	answering atomic.Bool
+}
+
+// record records this node in the set and returns the count, unless the
+// last record was sent less than sentWithin ago or came back less than
+// doneWithin ago: then it returns that record's count.
+func (b *nodeBarrier) record(ctx context.Context, s *RedisStore, sentWithin, doneWithin time.Duration) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done.IsZero() && (time.Since(b.sent) < sentWithin || time.Since(b.done) < doneWithin) {
+		return b.n, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return chargedScript.Run(ctx, s.client, []string{s.chargedKey()}, s.id, chargedWindow.Milliseconds()).Int64()
+	sent := time.Now()
+	n, err := chargedScript.Run(ctx, s.client, []string{s.chargedKey()}, s.id, chargedWindow.Milliseconds()).Int64()
+	if err != nil {
+		return 0, err
+	}
+	b.sent, b.done, b.n = sent, time.Now(), n
+	return n, nil
 }
 
 // awaitFleetCharges is run by a node whose charges are in, in its grace:
@@ -152,10 +210,22 @@ func (s *RedisStore) owe(delta int64) { s.owing.Add(delta) }
 
 // chargingAnnounced is called when a node announces it is charging: this
 // node, if none of its limiters has anything to charge, adds itself to the
-// set of nodes whose charges are in.
+// set of nodes whose charges are in, in the background, unless its entry
+// there is less than chargedAnswerEvery old or an answer is in flight. An
+// answer that fails is tried again every chargedPoll while it can still
+// shorten the grace (returnGraceMax).
 func (s *RedisStore) chargingAnnounced() {
-	if s.owing.Load() > 0 {
+	if s.owing.Load() > 0 || !s.barrier.answering.CompareAndSwap(false, true) {
 		return
 	}
-	go func() { _, _ = s.ChargesIn(context.Background()) }()
+	heard := time.Now()
+	go func() {
+		defer s.barrier.answering.Store(false)
+		for {
+			_, err := s.barrier.record(context.Background(), s, chargedAnswerEvery, 0)
+			if err == nil || time.Since(heard) >= returnGraceMax || !sleepOrStop(chargedPoll, s.stop) {
+				return
+			}
+		}
+	}()
 }

@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,6 +32,7 @@ func TestChargesInByRedisClock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	time.Sleep(chargedShared) // a new record, not the last one's count
 	if n, err := right.ChargesIn(ctx); err != nil || n != 3 {
 		t.Fatalf("the node with the right clock counts %d nodes (%v), want 3: a node 10 s behind or ahead is not counted", n, err)
 	}
@@ -55,5 +58,93 @@ func TestChargesInACL(t *testing.T) {
 	s := newRedisStore(t, RedisOptions{Address: srv.Addr, KeyPrefix: "acl:", Username: "barrier", Password: "barrier-pw"})
 	if n, err := s.ChargesIn(context.Background()); err != nil || n != 1 {
 		t.Fatalf("ChargesIn under the ACL: %d, %v", n, err)
+	}
+}
+
+// TestChargingAnswersBounded: in a fleet of 100 nodes (each a limiter on a
+// store of its own, on one real Redis), 50 come back from an outage with
+// charges and announce it, twice. Each of the 50 idle nodes answers,
+// adding itself to the set of nodes whose charges are in, once: 50 calls
+// of the barrier, not one per announcement (5,000). Announcements within
+// chargedAnswerEvery of its answer get none, since its entry still counts
+// through their grace; a later one gets a fresh answer. The calls are
+// counted by Redis (INFO commandstats: the barrier's one ZCARD each).
+func TestChargingAnswersBounded(t *testing.T) {
+	t.Parallel()
+	const fleet, charging = 100, 50
+	srv := redistest.Start(t)
+	lims := make([]*Limiter, fleet)
+	for i := range lims {
+		s := newRedisStore(t, RedisOptions{Address: srv.Addr})
+		lims[i] = New(s, Options{})
+		t.Cleanup(lims[i].Close)
+	}
+	channel := lims[0].store.(*RedisStore).banChannel()
+	waitFor(t, "every store subscribed", func() bool {
+		return srv.MustDo("PUBSUB", "NUMSUB", channel) == channel+"\n"+strconv.Itoa(fleet)
+	})
+	for _, l := range lims[:charging] {
+		l.out.mu.Lock()
+		l.setPending(1) // a key's local admissions to charge
+		l.out.mu.Unlock()
+	}
+	answers := func() int64 { return commandStats(srv)["zcard"].calls }
+	announce := func() {
+		for _, l := range lims[:charging] {
+			l.announceCharging()
+		}
+	}
+	settle := func(want int64, what string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for answers() < want && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond) // the answers still on their way
+		if got := answers(); got != want {
+			t.Fatalf("%s: %d calls of the barrier, want %d", what, got, want)
+		}
+	}
+
+	srv.MustDo("CONFIG", "RESETSTAT")
+	announce()
+	announce() // the same nodes again: answered already, or being answered
+	settle(fleet-charging, "the idle nodes answer two rounds of announcements")
+	time.Sleep(chargedAnswerEvery) // since every answer was sent, and more
+	announce()
+	settle(2*(fleet-charging), "announcements chargedAnswerEvery after the answers")
+}
+
+// TestChargesInShared: the limiters of one node that poll the barrier at
+// once share its records, at most one per chargedShared; a poll
+// chargedShared later sends another.
+func TestChargesInShared(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s := newRedisStore(t, RedisOptions{Address: srv.Addr})
+	srv.MustDo("CONFIG", "RESETSTAT")
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if n, err := s.ChargesIn(context.Background()); err != nil || n != 1 {
+				t.Errorf("ChargesIn: %d, %v", n, err)
+			}
+		})
+	}
+	wg.Wait()
+	// One record per chargedShared at most: one, unless this machine took
+	// that long to start the goroutines.
+	took := time.Since(start)
+	if got, most := commandStats(srv)["zcard"].calls, 1+int64(took/chargedShared); got > most {
+		t.Fatalf("20 polls in %s sent %d records, want at most %d", took, got, most)
+	}
+	before := commandStats(srv)["zcard"].calls
+	time.Sleep(chargedShared)
+	if _, err := s.ChargesIn(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := commandStats(srv)["zcard"].calls - before; got != 1 {
+		t.Fatalf("a poll %s later sent %d records, want 1", chargedShared, got)
 	}
 }

@@ -187,6 +187,9 @@ type RedisStore struct {
 	// owing counts the limiters on this store that have local admissions
 	// to charge (chargesin.go).
 	owing atomic.Int64
+	// barrier is this node's last record in the outage barrier
+	// (chargesin.go).
+	barrier nodeBarrier
 
 	queue  chan *call
 	stop   chan struct{}
