@@ -63,7 +63,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        rate  <n|placeholder> <duration>
 //	        burst <n|placeholder>
 //	        algorithm token_bucket|sliding_window|fixed_window|sliding_log|leaky_bucket|concurrency
-//	        limit <n>  lease <duration>      # concurrency
+//	        limit <n>                        # concurrency
+//	        lease <duration>                 # concurrency
 //	        reserve <percent|placeholder>
 //	        count_status <code|class>...
 //	        cost_header <response header>     # token_bucket, quota: settle the real cost after the response
@@ -73,8 +74,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        soft_shed <percent> [<max_delay>] # token_bucket: delay past percent of the burst
 //	        max_delay <duration>
 //	        max_waiting <n>
-//	        window <duration>  events <n>    # caddy-ratelimit's form
-//	        ipv4_prefix <bits>  ipv6_prefix <bits>
+//	        window <duration>                # caddy-ratelimit's form, with events
+//	        events <n>
+//	        ipv4_prefix <bits>
+//	        ipv6_prefix <bits>
+//	        quota <n|placeholder> per day|week|month [tz <IANA zone>]
 //	        cost  <n|placeholder>
 //	        on_error allow|deny|local
 //	        fleet_size <n>
@@ -84,13 +88,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    exempt <ip|cidr|private_ranges>...  # never limited by any zone
 //	    headers ietf|legacy|both|none
 //	    log_key
+//	    key_digest_secret <secret>
 //	    dry_run                           # every zone a dry run
 //	    log_denials info|debug|off
 //	    disable_metrics
 //	    max_keys <n>
 //	    jitter <share|percent|percent%>   # 0.2, 20 and 20% all mean up to 20%
 //	    sweep_interval <duration>
-//	    distributed { ... }               # caddy-ratelimit's; ignored
+//	    distributed {                     # caddy-ratelimit's; ignored
+//	        read_interval <duration>
+//	        write_interval <duration>
+//	        purge_age <duration>
+//	    }
 //	    storage <module> { ... }          # caddy-ratelimit's; ignored
 //	}
 //
@@ -245,6 +254,14 @@ func (h *Handler) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	return nil
 }
 
+// distributedSettings are the settings of caddy-ratelimit's distributed
+// block, each a duration.
+var distributedSettings = []setting[LegacyDistributed, caddy.Duration]{
+	{"read_interval", func(l *LegacyDistributed) *caddy.Duration { return &l.ReadInterval }},
+	{"write_interval", func(l *LegacyDistributed) *caddy.Duration { return &l.WriteInterval }},
+	{"purge_age", func(l *LegacyDistributed) *caddy.Duration { return &l.PurgeAge }},
+}
+
 // unmarshalCompat sets up caddy-ratelimit's blocks, distributed and
 // storage, which fleetlimit accepts so that that plugin's Caddyfiles load.
 func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
@@ -264,16 +281,11 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return d.WrapErr(err)
 			}
-			switch sub {
-			case "read_interval":
-				h.Distributed.ReadInterval = dur
-			case "write_interval":
-				h.Distributed.WriteInterval = dur
-			case "purge_age":
-				h.Distributed.PurgeAge = dur
-			default:
-				return d.Errf("unknown distributed subdirective %q (want read_interval, write_interval or purge_age)", sub)
+			s, ok := find(distributedSettings, sub)
+			if !ok {
+				return d.Errf("unknown distributed subdirective %q (want %s)", sub, oneOf(names(distributedSettings)))
 			}
+			*s.field(h.Distributed) = dur
 		}
 	case "storage":
 		// caddy-ratelimit's storage module: its name, and whatever
