@@ -127,6 +127,45 @@ func TestDocsNameEverySubdirective(t *testing.T) {
 	}
 }
 
+// TestEverySubdirectiveHasAGolden checks that every subdirective the
+// parser accepts is written, in its block, in some golden Caddyfile of
+// TestCaddyfileAdapt, so that a reader learns every form from them.
+func TestEverySubdirectiveHasAGolden(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "caddyfile", "*.caddytest"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	written := map[string][]string{}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caddyfile, _, _ := strings.Cut(string(b), "\n----------\n")
+		lines := strings.Split(caddyfile, "\n")
+		for i := range lines {
+			if !strings.HasPrefix(strings.TrimSpace(lines[i]), "rate_limit ") {
+				continue
+			}
+			blocks, err := syntaxBlocks(outline(lines[i:], "rate_limit "))
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			for path, subs := range blocks {
+				written[path] = append(written[path], subs...)
+			}
+		}
+	}
+	accepted := caddyfileSubdirectives()
+	for _, path := range slices.Sorted(maps.Keys(accepted)) {
+		for _, sub := range slices.Sorted(slices.Values(accepted[path])) {
+			if !slices.Contains(written[path], sub) {
+				t.Errorf("no golden file writes %s in the %s block", sub, path)
+			}
+		}
+	}
+}
+
 // syntaxBlocks reads a syntax outline of the rate_limit directive, a
 // Caddyfile with placeholders and # comments, and returns the first word of
 // each line by the path of the block it is in ("rate_limit zone"). A line
