@@ -27,6 +27,9 @@
 // The machine may be shared: before each run it waits for the CPUs to be
 // quiet, and it repeats a run in which other processes took more than
 // -max-foreign percent of Caddy's CPU or of the load's.
+//
+// With -rls it measures the Envoy rate limit service (rate_limit_rls)
+// against the reference, envoyproxy/ratelimit, instead: see runRLS.
 package main
 
 import (
@@ -231,12 +234,19 @@ type options struct {
 	only       string
 	profile    string
 	caddy      string // a Caddy binary to measure; empty: build cmd/caddy
+	rls        bool   // run the RLS comparison (rls.go) instead
+	rlsCallers int    // concurrent callers of the RLS load
+	rlsRef     string // a reference service_cmd binary; empty: build it from tools
 }
 
 func main() {
 	o := parseFlags()
 	e := newEnv()
 	defer e.Close()
+	if o.rls {
+		runRLS(e, o)
+		return
+	}
 	b := newBench(e, o)
 	m := describeMachine()
 	fmt.Fprintf(os.Stderr, "machine: %d CPUs (nproc %s), %s, %s, kernel %s, load average %s\n", m.NumCPU, m.Allowed, m.CPUModel, m.GoVersion, m.Kernel, m.LoadAvg)
@@ -279,6 +289,9 @@ func parseFlags() options {
 	flag.StringVar(&o.only, "only", "", "run only these configurations, store/scenario separated by commas (e.g. plain/keys,redis/keys); default all")
 	flag.StringVar(&o.caddy, "caddy", "", "measure this Caddy binary (built with the module, e.g. from another commit's cmd/caddy, to compare two versions in the same hour) instead of building cmd/caddy")
 	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, fields, bare, 429, deny, ban, light); empty: none")
+	flag.BoolVar(&o.rls, "rls", false, "measure the Envoy RLS service (rate_limit_rls) against the reference, envoyproxy/ratelimit, instead of the HTTP handler (uses -rounds, -duration, -warmup, -keys, -pin, -caddy)")
+	flag.IntVar(&o.rlsCallers, "rls-callers", 32, "with -rls: closed-loop callers, each with one call in flight")
+	flag.StringVar(&o.rlsRef, "rls-reference", "", "with -rls: the reference's service_cmd binary; empty: build it from the tools module")
 	flag.Parse()
 	if o.rounds < 1 || o.conns < 1 || o.duration < time.Second {
 		fmt.Fprintln(os.Stderr, "bench: need -rounds >= 1, -connections >= 1, -duration >= 1s")
