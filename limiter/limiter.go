@@ -314,6 +314,11 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 		case <-wait:
 		case <-ctx.Done():
 			l.cache.release(&p)
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The deadline came before the store's answer: a
+				// timeout, which each zone's policy answers.
+				return l.fail(ctx, reqs, results, ErrStoreTimeout)
+			}
 			return Canceled
 		}
 	}

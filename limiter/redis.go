@@ -461,14 +461,42 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 	}
 	// Once sent, the calls are waited for even if the client leaves (as
 	// decideOne does): Redis will run them, and a request that gave up
-	// would leave their charges (a concurrency slot, say) unreleased.
-	ctx, cancel := s.timeoutContext(context.WithoutCancel(ctx))
+	// would leave their charges (a concurrency slot, say) unreleased. The
+	// caller's deadline still ends the wait, as the timeout does.
+	base := context.WithoutCancel(ctx)
+	if _, capped := s.waitFor(ctx); capped {
+		d, _ := ctx.Deadline()
+		var cancelDeadline context.CancelFunc
+		base, cancelDeadline = context.WithDeadlineCause(base, d, s.errTimeout)
+		defer cancelDeadline()
+	}
+	ctx, cancel := s.timeoutContext(base)
 	defer cancel()
 	ok, err := s.decideBySlot(ctx, reqs, results)
-	if err != nil {
+	switch {
+	case err != nil && base.Err() != nil:
+		return ok, 0, err // the caller's deadline is no failure of Redis
+	case err != nil:
 		return ok, s.trips.Add(1)<<16 | tripFailed, err // several round trips: count it as one more
 	}
 	return ok, 0, nil
+}
+
+// waitFor returns how long a decision waits for Redis: the timeout, or,
+// capped, the time left until ctx's deadline when that comes first. The
+// stall clock does not extend a capped wait (the caller has gone by then),
+// and running out of it is not counted as Redis' failure: an RPC's
+// deadline (20ms from Envoy) may be shorter than Redis takes when it is
+// well.
+func (s *RedisStore) waitFor(ctx context.Context) (time.Duration, bool) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return s.timeout, false
+	}
+	if left := time.Until(d); left < s.timeout {
+		return max(left, 0), true
+	}
+	return s.timeout, false
 }
 
 // timeoutContext returns a context that ends when the decision has waited
@@ -497,8 +525,9 @@ func (s *RedisStore) timeoutContext(parent context.Context) (context.Context, co
 // decideOne decides a request in one script call: the common path, so it
 // recycles its call (channel, timer, slices) and bounds the wait with the
 // call's own timer rather than a new context per decision. It looks at ctx
-// only before it starts: a request whose client leaves meanwhile waits at
-// most the timeout, and watching ctx would cost every decision a channel.
+// only before it starts, and for its deadline (see waitFor): a request
+// whose client leaves meanwhile waits at most the timeout, and watching
+// ctx would cost every decision a channel.
 func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Result) (bool, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return false, 0, err
@@ -506,10 +535,11 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 	c := callPool.Get().(*call)
 	s.fill(c, s.script, reqs, nil, nil)
 	start := s.stall.mark()
+	limit, capped := s.waitFor(ctx)
 	if c.timer == nil {
-		c.timer = time.NewTimer(s.timeout)
+		c.timer = time.NewTimer(limit)
 	} else {
-		c.timer.Reset(s.timeout)
+		c.timer.Reset(limit)
 	}
 	extended := false
 	select {
@@ -521,7 +551,7 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 			case s.queue <- c:
 				break enqueue
 			case <-c.timer.C:
-				if wait := s.extension(start, 0); wait > 0 {
+				if wait := s.extension(start, 0); wait > 0 && !capped {
 					extended = true
 					c.timer.Reset(wait)
 					continue
@@ -539,7 +569,7 @@ wait:
 			c.timer.Stop()
 			break wait
 		case <-c.timer.C:
-			if wait := s.extension(start, c.trip.Load()); wait > 0 {
+			if wait := s.extension(start, c.trip.Load()); wait > 0 && !capped {
 				extended = true
 				c.timer.Reset(wait)
 				continue
@@ -552,7 +582,10 @@ wait:
 		s.extended.Add(1)
 	}
 	if gaveUp != nil {
-		token := s.failureToken(c.trip.Load()) // before the call may go back to the pool
+		var token uint64 // the caller's deadline is no failure of Redis
+		if !capped {
+			token = s.failureToken(c.trip.Load()) // before the call may go back to the pool
+		}
 		if c.abandon() {
 			return false, token, gaveUp // the worker gives back its charges and returns it to the pool
 		}
