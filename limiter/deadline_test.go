@@ -102,3 +102,39 @@ func TestStoreDeadlineIsTimeout(t *testing.T) {
 		t.Fatalf("decision with a 30ms deadline: %v after %s, want ErrStoreTimeout well before the 3s timeout", err, took)
 	}
 }
+
+// TestDeadlineBreaker: decisions cut short by callers' deadlines open the
+// circuit breaker once Redis has left a round trip unanswered for the
+// timeout (counted once per timeout, as for decisions without deadlines),
+// and not while it is merely slower than short deadlines.
+func TestDeadlineBreaker(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout = 200 * time.Millisecond
+	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, DisableStallClock: true, BreakerFailures: 3})
+	r := mustRule(t, "api", 1000, time.Second, 0)
+	decideOne(t, rs, r, "k", 1)
+	resume := pauseRedis(t, srv)
+	defer resume()
+	decideBy := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := rs.Decide(ctx, []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+		return err
+	}
+	// 9 x 20ms: the round trip is out for less than the timeout.
+	for range 9 {
+		if err := decideBy(timeout / 10); !errors.Is(err, ErrStoreTimeout) {
+			t.Fatalf("short deadline: %v, want ErrStoreTimeout", err)
+		}
+	}
+	if n := rs.Breaker().Opened(); n != 0 {
+		t.Fatalf("decisions cut by short deadlines within the timeout opened the breaker (%d times)", n)
+	}
+	// Then the round trip is out for 1, 2, 3... timeouts: 3 failures.
+	for i := 0; i < 20 && rs.Breaker().Opened() == 0; i++ {
+		_ = decideBy(timeout / 2)
+	}
+	if rs.Breaker().Opened() == 0 {
+		t.Fatal("Redis left a round trip unanswered for 10 timeouts and the breaker did not open (3 failures open it)")
+	}
+}

@@ -464,7 +464,8 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 	// would leave their charges (a concurrency slot, say) unreleased. The
 	// caller's deadline still ends the wait, as the timeout does.
 	base := context.WithoutCancel(ctx)
-	if _, capped := s.waitFor(ctx); capped {
+	_, capped, failure := s.waitFor(ctx)
+	if capped {
 		d, _ := ctx.Deadline()
 		var cancelDeadline context.CancelFunc
 		base, cancelDeadline = context.WithDeadlineCause(base, d, s.errTimeout)
@@ -474,8 +475,8 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 	defer cancel()
 	ok, err := s.decideBySlot(ctx, reqs, results)
 	switch {
-	case err != nil && base.Err() != nil:
-		return ok, 0, err // the caller's deadline is no failure of Redis
+	case err != nil && base.Err() != nil && !failure:
+		return ok, 0, err // the caller's short deadline is no failure of Redis
 	case err != nil:
 		return ok, s.trips.Add(1)<<16 | tripFailed, err // several round trips: count it as one more
 	}
@@ -483,20 +484,23 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 }
 
 // waitFor returns how long a decision waits for Redis: the timeout, or,
-// capped, the time left until ctx's deadline when that comes first. The
-// stall clock does not extend a capped wait (the caller has gone by then),
-// and running out of it is not counted as Redis' failure: an RPC's
-// deadline (20ms from Envoy) may be shorter than Redis takes when it is
-// well.
-func (s *RedisStore) waitFor(ctx context.Context) (time.Duration, bool) {
+// capped, the time left until ctx's deadline when that comes first; and
+// whether running out of it is Redis' failure, for a decision of several
+// round trips (one by failureToken counts a round trip overdue, however
+// short its callers' deadlines). The stall clock does not extend a capped
+// wait (the caller has gone by then). Running out of a capped wait is
+// Redis' failure when the wait was at least half the timeout (a Redis that
+// slow fails whoever asks), not when it was shorter: a caller's short
+// deadline says nothing of Redis.
+func (s *RedisStore) waitFor(ctx context.Context) (wait time.Duration, capped, failure bool) {
 	d, ok := ctx.Deadline()
 	if !ok {
-		return s.timeout, false
+		return s.timeout, false, true
 	}
 	if left := time.Until(d); left < s.timeout {
-		return max(left, 0), true
+		return max(left, 0), true, left >= s.timeout/2
 	}
-	return s.timeout, false
+	return s.timeout, false, true
 }
 
 // timeoutContext returns a context that ends when the decision has waited
@@ -535,7 +539,7 @@ func (s *RedisStore) decideOne(ctx context.Context, reqs []Request, results []Re
 	c := callPool.Get().(*call)
 	s.fill(c, s.script, reqs, nil, nil)
 	start := s.stall.mark()
-	limit, capped := s.waitFor(ctx)
+	limit, capped, _ := s.waitFor(ctx)
 	if c.timer == nil {
 		c.timer = time.NewTimer(limit)
 	} else {
@@ -582,10 +586,7 @@ wait:
 		s.extended.Add(1)
 	}
 	if gaveUp != nil {
-		var token uint64 // the caller's deadline is no failure of Redis
-		if !capped {
-			token = s.failureToken(c.trip.Load()) // before the call may go back to the pool
-		}
+		token := s.failureToken(c.trip.Load()) // before the call may go back to the pool
 		if c.abandon() {
 			return false, token, gaveUp // the worker gives back its charges and returns it to the pool
 		}
