@@ -1,6 +1,7 @@
-// Command caddy is Caddy with the standard modules and the fleetlimit
-// rate_limit handler: what `xcaddy build --with
-// github.com/fleetlimit/caddy-fleetlimit` produces.
+// Command caddy is Caddy with the standard modules, the fleetlimit
+// rate_limit handler and its Envoy rate limit service (the rate_limit_rls
+// app): what `xcaddy build --with github.com/fleetlimit/caddy-fleetlimit
+// --with github.com/fleetlimit/caddy-fleetlimit/rls` produces.
 package main
 
 import (
@@ -11,6 +12,8 @@ import (
 
 	// The rate_limit handler.
 	_ "github.com/fleetlimit/caddy-fleetlimit"
+	// The Envoy rate limit service, rate_limit_rls.
+	_ "github.com/fleetlimit/caddy-fleetlimit/rls"
 )
 
 func main() {

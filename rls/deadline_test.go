@@ -1,0 +1,90 @@
+package rls
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	fleetlimit "github.com/fleetlimit/caddy-fleetlimit"
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// deadlineConfig is a rule of 3 per hour.
+const deadlineConfig = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
+// TestRedisHangs pauses Redis (SIGSTOP) under the service, with Redis'
+// default timeout (25ms, longer than Envoy's 20ms): every call of the
+// Envoy emulator is answered within its deadline, by the on_error policy
+// (deny: OVER_LIMIT; allow: OK; local: this node's own bucket of 3), never
+// with an error. The latencies are logged.
+func TestRedisHangs(t *testing.T) {
+	for _, c := range []struct {
+		policy string
+		want   []string // the answers of the calls, the last repeating
+	}{
+		{"deny", []string{"OVER_LIMIT: OVER_LIMIT"}},
+		{"allow", []string{"OK: OK"}},
+		{"local", []string{"OK: OK", "OK: OK", "OK: OK", "OVER_LIMIT: OVER_LIMIT"}},
+	} {
+		t.Run(c.policy, func(t *testing.T) {
+			srv := redistest.Start(t)
+			a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, func(a *App) {
+				a.Redis = &fleetlimit.RedisConfig{Address: srv.Addr}
+				a.OnError = c.policy
+			})
+			e := newEnvoy(t, a.addr(0))
+			waitDecided(t, e) // connected to Redis, script loaded
+			srv.Pause()
+			defer srv.Resume()
+			var took []time.Duration
+			for i := range 40 {
+				start := time.Now()
+				resp, err := e.call(&rlsv3.RateLimitRequest{Domain: "api",
+					Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "hung")}})
+				took = append(took, time.Since(start))
+				if err != nil {
+					t.Fatalf("call %d with Redis paused: %v after %s, want an answer within %s", i, err, took[i], envoyTimeout)
+				}
+				want := c.want[min(i, len(c.want)-1)]
+				if got := answerCodes(resp); got != want {
+					t.Fatalf("call %d with Redis paused: %s, want %s", i, got, want)
+				}
+			}
+			sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+			t.Logf("on_error %s, Redis paused: latency p50 %s, max %s", c.policy, took[len(took)/2], took[len(took)-1])
+		})
+	}
+}
+
+// waitDecided calls until the store decides (not a policy's answer): the
+// first calls of a fresh Redis client may wait for its connection.
+func waitDecided(t *testing.T, e *envoy) {
+	t.Helper()
+	patient := *e
+	patient.timeout = 10 * time.Second
+	patient.must("api", desc("warm", "up"))
+}
+
+// TestNoAnswerAfterDeadline: a call whose caller has gone by the time it
+// is decided gets the context's status, not an answer.
+func TestNoAnswerAfterDeadline(t *testing.T) {
+	a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, nil)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancel()
+	resp, err := a.service.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "late")}})
+	if s, _ := status.FromError(err); resp != nil || s.Code() != codes.DeadlineExceeded {
+		t.Fatalf("a call past its deadline: %v, %v; want no answer and DEADLINE_EXCEEDED", resp, err)
+	}
+}

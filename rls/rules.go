@@ -1,0 +1,134 @@
+package rls
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
+)
+
+// rule is a rule of the configuration (or a request's own limit) made
+// ready to decide.
+type rule struct {
+	limit *config.Limit
+	// lim decides the rule's buckets; nil for an unlimited rule and for
+	// one of 0 requests per unit, which admits nothing and needs no store.
+	lim *limiter.Rule
+	// current is the current_limit of the rule's statuses: shared by
+	// every response, never changed. Nil for an unlimited rule.
+	current *rlsv3.RateLimitResponse_RateLimit
+}
+
+// never reports whether the rule admits nothing (0 requests per unit).
+func (r *rule) never() bool { return r.lim == nil && !r.limit.Unlimited }
+
+// soft reports whether the rule's denial alone denies no request: shadow
+// mode (it never does) or quota mode (only with all the request's other
+// quota rules).
+func (r *rule) soft() bool { return r.limit.ShadowMode || r.limit.QuotaMode }
+
+// rules holds the rules of one loaded configuration, compiled, and the
+// requests' own limits (overrides) compiled on first use.
+type rules struct {
+	cfg       *config.Config
+	byLimit   map[*config.Limit]*rule
+	policy    limiter.Policy
+	fleetSize int64
+
+	mu        sync.Mutex
+	overrides map[overrideKey]*rule
+}
+
+// overrideKey identifies a request's own limit: the same domain, rate and
+// unit compile to the same rule.
+type overrideKey struct {
+	domain string
+	rate   uint32
+	unit   config.Unit
+}
+
+// maxOverrides bounds the overrides kept compiled; beyond it, each call
+// compiles its own, so that callers cannot grow memory with rates.
+const maxOverrides = 1024
+
+// compileRules compiles every rule of cfg with the failure policy and the
+// fleet size of its local fallback buckets.
+func compileRules(cfg *config.Config, policy limiter.Policy, fleetSize int64) (*rules, error) {
+	rs := &rules{cfg: cfg, byLimit: make(map[*config.Limit]*rule), policy: policy, fleetSize: fleetSize,
+		overrides: make(map[overrideKey]*rule)}
+	for _, l := range cfg.Limits() {
+		r, err := rs.compile(l)
+		if err != nil {
+			return nil, fmt.Errorf("%s: rule %s: %w", l.Source, l.FullKey, err)
+		}
+		rs.byLimit[l] = r
+	}
+	return rs, nil
+}
+
+// compile makes a rule ready to decide.
+func (rs *rules) compile(l *config.Limit) (*rule, error) {
+	r := &rule{limit: l}
+	switch {
+	case l.Unlimited:
+		return r, nil
+	case l.Zone != "":
+		return nil, fmt.Errorf("zone %q: a rule that spends a rate_limit zone's bucket is not supported yet", l.Zone)
+	}
+	r.current = &rlsv3.RateLimitResponse_RateLimit{
+		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
+	}
+	if l.RequestsPerUnit == 0 {
+		return r, nil
+	}
+	lim, err := limiter.NewRule(limiter.RuleConfig{
+		Name:      bucketName(l.Domain, l.Unit, l.Algorithm),
+		Algorithm: l.Algorithm,
+		Rate:      int64(l.RequestsPerUnit),
+		Per:       l.Unit.Duration(),
+		Burst:     l.Burst,
+		OnError:   rs.policy,
+		FleetSize: rs.fleetSize,
+		// Shadow and quota rules count, but their denial alone denies
+		// nothing: the service decides what it means for the request.
+		DryRun: l.ShadowMode || l.QuotaMode,
+	})
+	if l.Algorithm == limiter.FixedWindow && (errors.Is(err, limiter.ErrWindowLength) || errors.Is(err, limiter.ErrWindowLimit)) {
+		return nil, fmt.Errorf("%d per %s: %w; fixed windows hold at most %d requests and last under 24 days "+
+			"(give the rule algorithm: token_bucket)", l.RequestsPerUnit, l.Unit, err, limiter.MaxWindowLimit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%d per %s: %w", l.RequestsPerUnit, l.Unit, err)
+	}
+	r.lim = lim
+	return r, nil
+}
+
+// of returns the compiled rule of a limit that Match returned.
+func (rs *rules) of(l *config.Limit) *rule { return rs.byLimit[l] }
+
+// override returns the compiled rule of a request's own limit, which
+// Config.Override returned.
+func (rs *rules) override(l *config.Limit) (*rule, error) {
+	k := overrideKey{l.Domain, l.RequestsPerUnit, l.Unit}
+	rs.mu.Lock()
+	r := rs.overrides[k]
+	rs.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	r, err := rs.compile(l)
+	if err != nil {
+		return nil, err
+	}
+	rs.mu.Lock()
+	if len(rs.overrides) < maxOverrides {
+		rs.overrides[k] = r
+	}
+	rs.mu.Unlock()
+	return r, nil
+}
