@@ -88,22 +88,177 @@ func periodsTouched(from, to time.Time, per string, loc *time.Location) int {
 	return n
 }
 
-// quotaShare is the allowance named "on_error local fallback" of a quota:
-// while Redis cannot decide, each of the N nodes counts the key on a local
-// quota of its own, ceil(quota/N) per period, which is not charged to Redis
-// when it returns. A node's local count lasts the period, so one share per
-// fault window (a node killed and restarted starts again) bounds it.
-func quotaShare(quota int64, nodes int) float64 {
-	n := int64(nodes)
-	return float64(n * ceilDiv(quota, n))
+// The bound of a quota across an outage (docs/policies.md): each node
+// remembers the count Redis last gave it of each key; while Redis cannot
+// decide, a zone with on_error local counts the key on a local quota of
+// quota/N per node (at least 1), starting from the node's share of that
+// count (rounded up), and charges what it admitted to Redis when Redis
+// returns; every node's charge carries the count it heard (the seed), and
+// Redis raises the key's count to the highest seed before it adds the
+// charges: a Redis that restarted empty starts from it, not from zero.
+// The nodes decide locally until every node's charges are in.
+//
+// So, per fault window that stops Redis for every node, the fleet admits
+// beyond the quota at most the count when Redis stopped plus what the
+// local quotas could give out, less the quota; and, with the count lost,
+// at least what the best informed node had not heard (its in-flight
+// requests among them): "stale counts". The checker does not know what
+// each node heard: it takes, for node i, the tokens whose requests were
+// answered before node i's last request before the fault was sent (a lower
+// bound of its count), against every token of a request sent before the
+// fault (an upper bound of the count). A node's memory is empty after a
+// reload or a restart, a node restarted lately knows no fleet and divides
+// by 1 (fleetLearn), and a request that met an earlier fault window may
+// have been decided locally: it tells its node no count.
+//
+// A CLIENT KILL, a CPU stress or a Cluster's fault leaves Redis deciding
+// for some nodes while the others count locally: the allowance is then
+// what the local quotas could give out (and what no node heard of a count
+// lost), "local quotas". A zone that fails open or closed counts
+// nothing locally, but its count is lost with a Redis that restarted
+// empty: the seeds restore it, less what the stalest node did not hear (a
+// node back first decides from its own seed until a higher one comes in),
+// and less the first request of each node that finds Redis back (the
+// breaker's probe, decided before its seed goes in): "data loss".
+
+// everyNodeStops reports whether a fault of kind keeps Redis from deciding
+// for every node at once (paused, asleep, killed): not a CLIENT KILL nor
+// a CPU stress, which fail some nodes' calls while Redis goes on deciding
+// the others'.
+func everyNodeStops(kind string) bool {
+	switch kind {
+	case FaultPause, FaultKill, FaultDebugSleep, FaultFailover:
+		return true
+	}
+	return false
+}
+
+// quotaTokens returns the tokens a request counted in a quota zone (by its
+// count_status, as settled), and when the upstream saw it; ok is false for
+// a request that counted nothing.
+func (c *checker) quotaTokens(z *Zone, q *request) (tokens float64, at time.Time, ok bool) {
+	up, seen := c.o.seen[q.id]
+	if !seen || !counted(z.CountStatus, up.status) {
+		return 0, time.Time{}, false
+	}
+	cost := q.cost
+	if z.Cost > 0 {
+		cost = z.Cost
+	}
+	return c.settledQuota(z, q, cost), up.at, true // costheader.go
+}
+
+// fleetLearn is how long a node restarted (kill -9) takes at most to hear
+// the fleet's size again (its fleet view reads Redis once a second): an
+// outage sooner finds it dividing its local quotas by 1.
+const fleetLearn = 3 * time.Second
+
+// quotaOutageShare is the allowance of a key's quota (its requests reqs)
+// for fault window w: see above. It returns the allowance and its name,
+// or 0 and "" when the window takes none.
+func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time.Location) (float64, string) {
+	if !c.redisDown(w.kind) || z.OnError != "local" && !dataLoss(w.kind) {
+		return 0, ""
+	}
+	nodes := c.s.Nodes
+	period := periodStart(w.start, z.QuotaPer, loc)
+	// forgot[i] is when node i's memory last started empty (a reload, a
+	// restart); a node restarted lately divides its local quota by 1.
+	forgot := make([]time.Time, nodes)
+	divisor := make([]int64, nodes)
+	for i := range divisor {
+		divisor[i] = int64(nodes)
+	}
+	for j, x := range c.o.windows {
+		if (x.kind != FaultReload && x.kind != FaultNodeKill) || !x.start.Before(w.until()) {
+			continue
+		}
+		for i := range nodes {
+			if j < len(c.s.Faults) && c.s.Faults[j].Node != i {
+				continue
+			}
+			if x.end.After(forgot[i]) {
+				forgot[i] = x.end
+			}
+			if x.kind == FaultNodeKill && x.end.After(w.start.Add(-fleetLearn)) {
+				divisor[i] = 1
+			}
+		}
+	}
+	// last[i]: when node i's last request that told it a count was sent.
+	last := make([]time.Time, nodes)
+	var high float64 // every token of the period sent before the fault
+	for _, q := range reqs {
+		if q.node >= nodes || !q.sent.Before(w.start) {
+			continue
+		}
+		if t, at, ok := c.quotaTokens(z, q); ok && !at.Before(period) {
+			high += t
+		}
+		if q.status == 0 || !q.done.Before(w.start) || q.sent.Before(forgot[q.node]) || q.sent.Before(period) ||
+			c.inFault(q.sent, q.done, 0, 0, c.redisDown) {
+			continue
+		}
+		if q.sent.After(last[q.node]) {
+			last[q.node] = q.sent
+		}
+	}
+	seen := make([]float64, nodes) // what each node heard, at least
+	for _, q := range reqs {
+		t, at, ok := c.quotaTokens(z, q)
+		if !ok || at.Before(period) {
+			continue
+		}
+		for i := range nodes {
+			if !last[i].IsZero() && q.done.Before(last[i]) {
+				seen[i] += t
+			}
+		}
+	}
+	// local is what the local quotas could give out: each node's share
+	// (the quota over its divisor, at least 1) less its share of the
+	// count it heard, rounded up.
+	var local, most, least float64
+	least = high
+	for i := range nodes {
+		share := max(1, z.Quota/divisor[i])
+		local += float64(max(0, share-ceilDiv(int64(seen[i]), divisor[i])))
+		most = max(most, high-seen[i])
+		least = min(least, high-seen[i])
+	}
+	switch {
+	case z.OnError != "local":
+		var probe int64 // the largest cost a node's probe can take
+		for _, q := range reqs {
+			probe = max(probe, q.cost, z.Cost)
+		}
+		return most + float64(int64(nodes)*min(probe, z.Quota)), "data loss " + w.kind
+	case !everyNodeStops(w.kind) || c.s.Topology == Cluster:
+		// A Cluster's fault stops one master: the nodes' breakers open
+		// apart, and Redis goes on deciding the other masters' keys for
+		// some nodes meanwhile.
+		if dataLoss(w.kind) {
+			local += least
+		}
+		return local, "local quotas " + w.kind
+	}
+	// Every node counted locally from what it heard, then charged Redis:
+	// beyond the quota by the count before the fault and the local
+	// admissions, or, with the count lost, by what no node heard.
+	share := max(0, high+local-float64(z.Quota))
+	if dataLoss(w.kind) {
+		share = max(share, least)
+	}
+	return share, "stale counts " + w.kind
 }
 
 // checkQuotas checks every key of a zone with a quota: the tokens it was
 // admitted (counted by the zone's count_status) are at most the quota per
-// calendar period the requests touched, plus the allowances named "on_error
-// local fallback" (quotaShare per fault window that kept Redis from
-// deciding), "Redis restarted empty" (the count lost: one quota per such
-// fault) and "on_error allow" (requests passed unlimited in a fault). It
+// calendar period the requests touched, plus the allowances named "stale
+// counts" (what the nodes' counts were stale by when a fault kept Redis
+// from deciding, see quotaOutageShare), "local quotas" (a CLIENT KILL),
+// "data loss" (a zone without the local policy whose Redis restarted
+// empty) and "on_error allow" (requests passed unlimited in a fault). It
 // returns the figures of the (at most five) keys admitted most.
 func (c *checker) checkQuotas() []string {
 	type figure struct {
@@ -123,25 +278,25 @@ func (c *checker) checkQuotas() []string {
 		}
 		var first, last time.Time
 		var tokens float64
+		var upAt []time.Time // when the upstream saw each token (for the trace)
 		for _, q := range b.requests {
-			up, ok := c.o.seen[q.id]
-			if !ok || !counted(z.CountStatus, up.status) {
+			t, at, ok := c.quotaTokens(z, q)
+			if !ok {
 				continue
 			}
-			if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, 0, c.redisDown) {
+			if z.OnError == "allow" && c.inFault(q.sent, at, 0, 0, c.redisDown) {
 				continue // the allowance named "on_error allow"
 			}
 			if first.IsZero() || q.sent.Before(first) {
 				first = q.sent
 			}
-			if up.at.After(last) {
-				last = up.at
+			if at.After(last) {
+				last = at
 			}
-			cost := q.cost
-			if z.Cost > 0 {
-				cost = z.Cost
+			tokens += t
+			for range min(int64(t), z.Quota+1) {
+				upAt = append(upAt, at)
 			}
-			tokens += c.settledQuota(z, q, cost) // costheader.go
 		}
 		if tokens == 0 {
 			continue
@@ -158,19 +313,21 @@ func (c *checker) checkQuotas() []string {
 			if w.until().Before(first) || w.start.After(last) {
 				continue
 			}
-			if z.OnError == "local" && c.redisDown(w.kind) {
-				allow += quotaShare(z.Quota, c.s.Nodes)
-				named = append(named, fmt.Sprintf("fallback %s %.0f", w.kind, quotaShare(z.Quota, c.s.Nodes)))
-			}
-			if c.s.Topology != Memory && dataLoss(w.kind) {
-				allow += float64(z.Quota)
-				named = append(named, fmt.Sprintf("data loss %s %d", w.kind, z.Quota))
+			if share, name := c.quotaOutageShare(z, b.requests, w, loc); name != "" {
+				allow += share
+				named = append(named, fmt.Sprintf("%s %.0f", name, share))
 			}
 		}
 		figures = append(figures, figure{tokens, fmt.Sprintf("zone %s key %s: %.0f admitted of a quota of %d per %s (%s), %d period(s), allowances %.0f",
 			z.Name, printable(b.key), tokens, z.Quota, z.QuotaPer, z.QuotaTZ, periods, allow)})
 		if tokens > math.Floor(bound*boundFactor+allow+1e-9) {
-			c.fail(InvQuota, "zone %s (quota %d per %s, %s) key %s: admitted %.0f tokens in %d period(s) (%.2fs), above %.0f + allowances %.0f [%s]; %d requests",
+			// The trace is around the moment the key went past its quota.
+			sort.Slice(upAt, func(i, j int) bool { return upAt[i].Before(upAt[j]) })
+			at := first
+			if int64(len(upAt)) > z.Quota {
+				at = upAt[z.Quota]
+			}
+			c.failAt(InvQuota, at, ofKey(b.key), "zone %s (quota %d per %s, %s) key %s: admitted %.0f tokens in %d period(s) (%.2fs), above %.0f + allowances %.0f [%s]; %d requests",
 				z.Name, z.Quota, z.QuotaPer, z.QuotaTZ, printable(b.key), tokens, periods, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests))
 		}
 	}

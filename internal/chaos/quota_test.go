@@ -39,7 +39,8 @@ func TestDrawQuota(t *testing.T) {
 }
 
 // TestCheckQuotas: the checker finds a key admitted beyond its quota, by
-// the periods its requests touched and the named allowances.
+// the periods its requests touched and the named allowances of faults
+// (quotaOutageShare).
 func TestCheckQuotas(t *testing.T) {
 	t.Parallel()
 	berlin, _ := time.LoadLocation("Europe/Berlin")
@@ -47,10 +48,13 @@ func TestCheckQuotas(t *testing.T) {
 	cl := &Client{Kind: KindSteady, Cost: 1}
 	run := func(start time.Time, n int, windows ...window) []Violation {
 		s := &Scenario{Topology: Single, Nodes: 3, Zones: []*Zone{z}, Targets: []*Target{{Path: "/t0", Zones: []int{0}}}}
+		for _, w := range windows {
+			s.Faults = append(s.Faults, Fault{Kind: w.kind, Node: 1}) // a kill -9: of node 1
+		}
 		o := &observed{seen: map[string]seenRequest{}, windows: windows}
 		for i := range n {
 			at := start.Add(time.Duration(i) * 100 * time.Millisecond)
-			q := &request{id: string(rune('a' + i)), client: cl, key: "k", cost: 1, sent: at, done: at, status: 200}
+			q := &request{id: string(rune('a' + i)), client: cl, key: "k", cost: 1, node: i % 3, sent: at, done: at, status: 200}
 			o.requests = append(o.requests, q)
 			o.seen[q.id] = seenRequest{at: at, status: 200}
 		}
@@ -71,13 +75,53 @@ func TestCheckQuotas(t *testing.T) {
 	if v := run(time.Date(2025, 3, 30, 23, 59, 59, 500e6, berlin), 10); len(v) != 0 {
 		t.Errorf("10 across midnight: %v", v)
 	}
-	// A Redis outage: each of the 3 nodes' local quota of ceil(5/3).
-	w := window{kind: FaultPause, start: noon, end: noon.Add(100 * time.Millisecond)}
-	if v := run(noon, 11, w); len(v) != 0 {
-		t.Errorf("11 with a fallback of 6: %v", v)
+	// A Redis outage after 5 requests through the 3 nodes in turn, 100ms
+	// apart: every node heard a count that leaves its local quota of
+	// 5/3 = 1 nothing (its share of 2, 3 or 4, rounded up): no allowance.
+	late := window{kind: FaultPause, start: noon.Add(450 * time.Millisecond), end: noon.Add(550 * time.Millisecond)}
+	if v := run(noon, 6, late); len(v) != 1 {
+		t.Errorf("6 with an outage after the quota was spent: %v, want a violation", v)
 	}
-	if v := run(noon, 12, w); len(v) != 1 {
-		t.Errorf("12 with a fallback of 6: %v, want a violation", v)
+	// An outage after one request: node 0 heard nothing before it sent
+	// its request, the others nothing at all: 1 stale in 3 counts, one
+	// allowed (the local quotas could give out 3).
+	early := window{kind: FaultKill, start: noon.Add(50 * time.Millisecond), end: noon.Add(150 * time.Millisecond)}
+	if v := run(noon, 6, early); len(v) != 0 {
+		t.Errorf("6 with stale counts of 1: %v", v)
+	}
+	if v := run(noon, 7, early); len(v) != 1 {
+		t.Errorf("7 with stale counts of 1: %v, want a violation", v)
+	}
+	// A CLIENT KILL: Redis may decide for some nodes while the others
+	// count locally: what the local quotas could give out, 3.
+	kill := window{kind: FaultClientKill, start: noon.Add(50 * time.Millisecond), end: noon.Add(60 * time.Millisecond)}
+	if v := run(noon, 8, kill); len(v) != 0 {
+		t.Errorf("8 with local quotas of 3: %v", v)
+	}
+	if v := run(noon, 9, kill); len(v) != 1 {
+		t.Errorf("9 with local quotas of 3: %v, want a violation", v)
+	}
+	// Node 1 was killed and restarted just before Redis paused: it knows
+	// no count and no fleet, and divides its local quota by 1: the local
+	// quotas could give out 1 + 5 + 1, 3 beyond the quota with the 1
+	// admitted before.
+	restart := window{kind: FaultNodeKill, start: noon.Add(20 * time.Millisecond), end: noon.Add(40 * time.Millisecond)}
+	pause := window{kind: FaultPause, start: noon.Add(50 * time.Millisecond), end: noon.Add(150 * time.Millisecond)}
+	if v := run(noon, 8, restart, pause); len(v) != 0 {
+		t.Errorf("8 with a node restarted before the outage: %v", v)
+	}
+	if v := run(noon, 9, restart, pause); len(v) != 1 {
+		t.Errorf("9 with a node restarted before the outage: %v, want a violation", v)
+	}
+	// A zone that fails closed, and a Redis restarted empty: what the
+	// stalest node did not hear (1), and each node's probe (3).
+	z.OnError = "deny"
+	defer func() { z.OnError = "local" }()
+	if v := run(noon, 9, early); len(v) != 0 {
+		t.Errorf("9 failing closed with a data loss of 1 and 3 probes: %v", v)
+	}
+	if v := run(noon, 10, early); len(v) != 1 {
+		t.Errorf("10 failing closed with a data loss of 1 and 3 probes: %v, want a violation", v)
 	}
 	if n := periodsTouched(time.Date(2025, 1, 31, 12, 0, 0, 0, berlin), time.Date(2025, 3, 1, 0, 0, 0, 0, berlin), "month", berlin); n != 3 {
 		t.Errorf("31 January to 1 March touches %d months, want 3", n)
