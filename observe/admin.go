@@ -21,6 +21,7 @@ func init() {
 //	DELETE /rate_limit/bans/<zone>/<key or key digest>   lifts a ban fleet-wide
 //	GET /rate_limit/keys/<zone>/<key or key digest>      a key's state in a zone
 //	DELETE /rate_limit/keys/<zone>/<key or key digest>   resets the key fleet-wide
+//	POST, DELETE /rate_limit/keys/<zone>   the same two, the key as the body
 //
 // It needs no configuration: Caddy mounts every admin.api module.
 type adminAPI struct{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -20,20 +21,28 @@ import (
 //	GET    /rate_limit/keys/<zone>/<key>   the key's state in the zone (and its quota)
 //	DELETE /rate_limit/keys/<zone>/<key>   resets it across the fleet (not the quota:
 //	                                       name <zone>.quota to reset that)
-//	GET, DELETE /rate_limit/keys?zone=Z&key=K   the same (the dashboard's form)
+//	GET, DELETE /rate_limit/keys?zone=Z&key=K   the same
+//	POST, DELETE /rate_limit/keys/<zone>   the same, the key as the request's body
+//	                                       (or keys?zone=Z: the dashboard's form)
 //
 // The key is the raw value a client sent (normalised as the zone
 // normalises keys, and tried under each of the zone's key alternatives), a
 // bucket key ("2,<value>", a hashed "#…"), or a key digest, resolved
 // against the keys this node has seen denied (its top denied keys and its
 // denial feed) and the zone's ban registry. In the path the key may be
-// escaped (%2F for a slash). A lookup reads without charging anything
-// (limiter.KeyKeeper.Peek); a reset makes the key's buckets full again
-// for the whole fleet (limiter.KeyKeeper.ResetKey). Neither writes the key
-// to a log or an error: a key may be a client's secret.
+// escaped (%2F for a slash); in the body it is the key's bytes as they
+// are, up to maxKeyBody. No form bounds a key further: a key of any length
+// the zone takes is found, as the zone hashed it (a key longer than the
+// server's header limit lets a path carry goes in the body). A lookup
+// reads without charging anything (limiter.KeyKeeper.Peek); a reset makes
+// the key's buckets full again for the whole fleet
+// (limiter.KeyKeeper.ResetKey). Neither writes the key to a log or an
+// error: a key may be a client's secret.
 
-// maxKeyTarget bounds the key or digest of a lookup.
-const maxKeyTarget = 256
+// maxKeyBody bounds a key sent as a request's body: 1 MiB, Go's own
+// default header limit, far above the longest key a header carries with
+// Caddy's default max_header_size of 16 KiB (20,408 bytes, measured).
+const maxKeyBody = 1 << 20
 
 // keysBody is the body of a key lookup.
 type keysBody struct {
@@ -420,16 +429,21 @@ func cmpOr(a, b string) string {
 }
 
 // serveKeys answers the keys' routes: GET (or HEAD) looks a key up, DELETE
-// resets it. escaped is the request's escaped path after "keys" ("" for
-// the query's form, "/<zone>/<key>" otherwise).
+// resets it, and POST looks up a key sent as its body. escaped is the
+// request's escaped path after "keys" ("" for the query's form,
+// "/<zone>/<key>" or, for a key in the body, "/<zone>").
 func serveKeys(w http.ResponseWriter, r *http.Request, escaped string, in scope) (int, error) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodDelete {
-		w.Header().Set("Allow", "GET, HEAD, DELETE")
+	allowed := []string{http.MethodGet, http.MethodHead, http.MethodDelete}
+	if !keyInPath(escaped) {
+		allowed = append(allowed, http.MethodPost)
+	}
+	if !slices.Contains(allowed, r.Method) {
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		return http.StatusMethodNotAllowed, fmt.Errorf("method not allowed: %s", r.Method)
 	}
-	zone, target, err := keyTarget(r, escaped)
+	zone, target, status, err := keyTarget(w, r, escaped)
 	if err != nil {
-		return http.StatusBadRequest, err
+		return status, err
 	}
 	now := time.Now()
 	if r.Method == http.MethodDelete {
@@ -446,30 +460,47 @@ func serveKeys(w http.ResponseWriter, r *http.Request, escaped string, in scope)
 	return answerJSON(w, r, body)
 }
 
-// keyTarget returns the zone and the key a keys route names: from the
-// escaped path "/<zone>/<key>" (the key unescaped, slashes and all), or
-// from the query's zone and key.
-func keyTarget(r *http.Request, escaped string) (zone, target string, err error) {
+// keyInPath reports whether the escaped path after "keys" names a key
+// ("/<zone>/<key>"), not a zone only or nothing (the query's form).
+func keyInPath(escaped string) bool {
+	_, k, ok := strings.Cut(strings.TrimPrefix(escaped, "/"), "/")
+	return ok && k != ""
+}
+
+// errNoKey is the 400 of a keys route that names no key.
+var errNoKey = errors.New("name the key: keys/<zone>/<key or key digest>, keys?zone=Z&key=K, or keys/<zone> (or keys?zone=Z) with the key as the body of a POST (look up) or a DELETE (reset)")
+
+// keyTarget returns the zone and the key a keys route names: the zone from
+// the escaped path ("/<zone>/<key>" or "/<zone>") or the query's zone; the
+// key from the same place (unescaped, slashes and all), or else, for a POST
+// or a DELETE, the request's body as it is (at most maxKeyBody bytes). On
+// failure it returns the HTTP status and the error, which never holds the
+// key.
+func keyTarget(w http.ResponseWriter, r *http.Request, escaped string) (zone, target string, status int, err error) {
 	if escaped == "" || escaped == "/" {
 		q := r.URL.Query()
 		zone, target = q.Get("zone"), q.Get("key")
 	} else {
-		z, k, ok := strings.Cut(strings.TrimPrefix(escaped, "/"), "/")
-		if !ok {
-			return "", "", errors.New("name the key: keys/<zone>/<key or key digest>")
-		}
+		z, k, _ := strings.Cut(strings.TrimPrefix(escaped, "/"), "/")
 		if zone, err = url.PathUnescape(z); err == nil {
 			target, err = url.PathUnescape(k)
 		}
 		if err != nil {
-			return "", "", errors.New("the zone or the key is not validly escaped")
+			return "", "", http.StatusBadRequest, errors.New("the zone or the key is not validly escaped")
 		}
 	}
-	switch {
-	case zone == "" || target == "":
-		return "", "", errors.New("name the key: keys/<zone>/<key or key digest>, or keys?zone=Z&key=K")
-	case len(target) > maxKeyTarget:
-		return "", "", fmt.Errorf("no client key or digest is longer than %d bytes here", maxKeyTarget)
+	if zone != "" && target == "" && (r.Method == http.MethodPost || r.Method == http.MethodDelete) {
+		b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxKeyBody))
+		if err != nil {
+			if _, tooLong := errors.AsType[*http.MaxBytesError](err); tooLong {
+				return "", "", http.StatusRequestEntityTooLarge, fmt.Errorf("a key in the body is at most %d bytes", maxKeyBody)
+			}
+			return "", "", http.StatusBadRequest, fmt.Errorf("reading the key: %w", err)
+		}
+		target = string(b)
 	}
-	return zone, target, nil
+	if zone == "" || target == "" {
+		return "", "", http.StatusBadRequest, errNoKey
+	}
+	return zone, target, 0, nil
 }

@@ -3,6 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -346,4 +347,119 @@ func TestKeyLookupMemory(t *testing.T) {
 	if strings.Contains(n.log.String(), key) {
 		t.Errorf("the raw key is in the log:\n%s", n.log.String())
 	}
+}
+
+// send sends a request with body to url and returns the status and the
+// response body.
+func (n *node) send(method, url, body string) (int, string) {
+	n.t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		n.t.Fatalf("%s %.100s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// adminSend sends a request with body to n's admin endpoint.
+func (n *node) adminSend(method, path, body string) (int, string) {
+	n.t.Helper()
+	return n.send(method, "http://"+n.Admin+path, body)
+}
+
+// longKeySite keys a zone of 3 requests an hour on the Authorization
+// header, on the store redis ("" for the memory store), and serves its
+// dashboard under /ops/.
+const longKeySite = `
+	rate_limit {
+		key_digest_secret %s
+		%s
+		zone api {
+			key {header.Authorization}
+			rate 1 1h
+			burst 3
+			match {
+				path /x
+			}
+		}
+	}
+	handle /ops/* {
+		rate_limit_dashboard
+	}
+	respond "ok"`
+
+// TestKeyLookupLongKey: a zone keyed on {header.Authorization} (the docs'
+// example) takes keys of any length a request can carry: a JWT of about
+// 900 bytes, and one of 16,000 bytes with spaces and percent signs (near
+// Caddy's default max_header_size, 16 KiB). Each is drained through Caddy,
+// then looked up by its value, in the path (escaped), the query and a
+// POST's body, on the admin endpoint and through the site's dashboard
+// (the body: the form its lookup box sends): every form finds the drained
+// bucket (0 remaining), as the zone hashed the key. A DELETE by the value
+// (in the path, or as the body) resets it, and the key is admitted again.
+// A body over 1 MiB is refused; the site's header limit refuses the long
+// key in a query.
+func TestKeyLookupLongKey(t *testing.T) {
+	stores(t, func(t *testing.T, redisBlock string) {
+		n := startCaddy(t, "", fmt.Sprintf(longKeySite, digestSecret, redisBlock))
+		jwt := "Bearer " + strings.Repeat("eyJzdWIiOiIxMjM0NTY3ODkwIiwicm9sZSI6ImFkbWluIn0", 18) + ".sig-_" // 900 bytes
+		huge := strings.Repeat("a% b/c", 16_000/6+1)[:16_000]                                               // ends in "b": a header loses trailing spaces
+		for _, c := range []struct {
+			name, key   string
+			resetAsBody bool
+		}{{"a JWT", jwt, false}, {"16,000 bytes", huge, true}} {
+			got := n.statuses(4, "/x", "Authorization: "+c.key)
+			if got[200] != 3 || got[429] != 1 {
+				t.Fatalf("%s: 4 requests of a burst of 3: %v", c.name, got)
+			}
+			lookups := map[string]func() (int, string){
+				"path": func() (int, string) { return n.adminDo(http.MethodGet, "/rate_limit/keys/api/"+url.PathEscape(c.key)) },
+				"query": func() (int, string) {
+					return n.adminDo(http.MethodGet, "/rate_limit/keys?zone=api&key="+url.QueryEscape(c.key))
+				},
+				"body": func() (int, string) { return n.adminSend(http.MethodPost, "/rate_limit/keys/api", c.key) },
+				"dashboard's body": func() (int, string) {
+					return n.send(http.MethodPost, n.URL+"/ops/keys?zone=api", c.key)
+				},
+			}
+			for _, form := range []string{"path", "query", "body", "dashboard's body"} {
+				st, body := lookups[form]()
+				var l keyLookup
+				if st != 200 || json.Unmarshal([]byte(body), &l) != nil {
+					t.Fatalf("%s: lookup in the %s: %d %.300s", c.name, form, st, body)
+				}
+				if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Remaining != 0 || l.Keys[0].Rules[0].Full {
+					t.Errorf("%s: lookup in the %s: want the drained bucket, 0 remaining:\n%s", c.name, form, body)
+				}
+			}
+			reset := func() (int, string) {
+				return n.adminDo(http.MethodDelete, "/rate_limit/keys/api/"+url.PathEscape(c.key))
+			}
+			if c.resetAsBody {
+				reset = func() (int, string) { return n.adminSend(http.MethodDelete, "/rate_limit/keys/api", c.key) }
+			}
+			st, body := reset()
+			var res keyReset
+			if st != 200 || json.Unmarshal([]byte(body), &res) != nil || len(res.Reset) != 1 || res.Reset[0].Buckets != 1 {
+				t.Fatalf("%s: reset: %d, want the drained bucket reset:\n%.300s", c.name, st, body)
+			}
+			if got := n.get("/x", "Authorization: "+c.key).Status; got != 200 {
+				t.Errorf("%s: after the reset the key answers %d", c.name, got)
+			}
+		}
+		if st, body := n.adminSend(http.MethodPost, "/rate_limit/keys/api", strings.Repeat("k", 1<<20+1)); st != http.StatusRequestEntityTooLarge {
+			t.Errorf("a key of 1 MiB and a byte in the body: %d %s, want 413", st, body)
+		}
+		if r := n.get("/ops/keys?zone=api&key=" + url.QueryEscape(huge)); r.Status != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("the 16,000-byte key escaped into the site's query: %d, want 431 (why the lookup box sends the body)", r.Status)
+		}
+		if strings.Contains(n.log.String(), jwt[:100]) {
+			t.Errorf("the raw key is in the log:\n%s", n.log.String())
+		}
+	})
 }

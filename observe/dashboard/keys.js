@@ -1,6 +1,7 @@
 // The dashboard's key lookup: a zone and a key (raw, or its digest), the
-// key's state in the zone (GET keys?zone=Z&key=K), and a button that
-// resets it across the fleet (DELETE, the same). Kept apart from
+// key's state in the zone (POST keys?zone=Z, the key as the body: a key of
+// any length, whatever the header limit of the server serving the page),
+// and a button that resets it across the fleet (DELETE, the same). Kept apart from
 // dashboard.js: it builds its own section. Every value goes into the page
 // as text (keys with log_key are client input).
 "use strict";
@@ -67,13 +68,14 @@
     section.dataset.lookups = String(Number(section.dataset.lookups || 0) + 1);
   }
 
-  function query() {
-    return "keys?" + new URLSearchParams({ zone: zone.value.trim(), key: key.value }).toString();
+  function send(method) {
+    const url = "keys?" + new URLSearchParams({ zone: zone.value.trim() }).toString();
+    return fetch(url, { method, body: key.value, cache: "no-store" });
   }
 
   async function lookUp() {
     try {
-      const resp = await fetch(query(), { cache: "no-store" });
+      const resp = await send("POST");
       const text = await resp.text();
       if (!resp.ok) throw new Error(`HTTP ${resp.status}: ${text}`);
       render(JSON.parse(text));
@@ -89,7 +91,7 @@
   reset.addEventListener("click", async () => {
     reset.disabled = true;
     try {
-      const resp = await fetch(query(), { method: "DELETE", cache: "no-store" });
+      const resp = await send("DELETE");
       const text = await resp.text();
       if (!resp.ok) throw new Error(`HTTP ${resp.status}: ${text}`);
       const body = JSON.parse(text);
