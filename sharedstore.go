@@ -38,7 +38,8 @@ type StoreOptions struct {
 	// MaxKeys and SweepInterval are the memory store's key bound and
 	// sweep interval, with the meaning and defaults of the handler's
 	// max_keys and sweep_interval: the memory store is shared by the
-	// whole process, and the configuration loaded last sets them.
+	// whole process, and the smallest of each that any of its users
+	// sets holds (0: none set).
 	MaxKeys       int
 	SweepInterval time.Duration
 	// Log receives the store's reports (Redis refusing credentials, its

@@ -75,8 +75,8 @@ type App struct {
 
 	// MaxKeys bounds the buckets of the memory store (and of local
 	// fallback buckets), as the rate_limit handler's max_keys: the store
-	// is shared by the whole process, and the configuration loaded last
-	// sets it. Default: 500000.
+	// is shared by the whole process, and the smallest bound any of its
+	// users sets holds. Default (when none sets one): 500000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// MaxDescriptors is the most descriptors one call may carry; a call
