@@ -79,9 +79,15 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 			// left): the cost the header reported stands.
 			costs.readTrailers()
 		}
-		status := http.StatusInternalServerError // a panic
-		if rec != nil && finished {
-			status = responseStatus(rec, err)
+		status := http.StatusInternalServerError // a panic before any status
+		if rec != nil {
+			if finished || rec.status != 0 {
+				// The status written is the status, whatever followed
+				// it: a stream that reverse_proxy aborted (a panic of
+				// http.ErrAbortHandler) when its client left mid-body
+				// was answered with it.
+				status = responseStatus(rec, err)
+			}
 			if r.Context().Err() != nil && (rec.status == 0 || rec.status == statusClientClosed) {
 				// The client left before the upstream's status (Caddy
 				// writes 499 for it, or nothing): what the upstream

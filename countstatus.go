@@ -3,6 +3,7 @@ package fleetlimit
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -66,6 +67,14 @@ func (w *statusRecorder) Write(b []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	return w.ResponseWriterWrapper.Write(b)
+}
+
+// ReadFrom records an implicit 200 before the body is copied.
+func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
 }
 
 // responseStatus returns the status a request was answered with: the one

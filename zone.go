@@ -142,7 +142,9 @@ type Zone struct {
 	// then, the charge stays). `rate 5 15m` with `count_status 401`
 	// allows at most 5 failed logins per 15 minutes. Not for leaky_bucket
 	// or concurrency. A request whose client went away after it was
-	// passed on, before any status was written, keeps its charge.
+	// passed on, before any status was written, keeps its charge; once a
+	// status is written, it is the status, even if the client leaves
+	// mid-body.
 	// Default: every response counts.
 	CountStatus []string `json:"count_status,omitempty"`
 
