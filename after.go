@@ -76,8 +76,9 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 	defer func() {
 		if costs != nil {
 			// Also after a panic (a stream aborted when its client
-			// left): the cost the header reported stands.
-			costs.readTrailers()
+			// left): what the response reported by then stands, and
+			// what it had yet to report is paid for (costUnfinished).
+			costs.finish(!finished || r.Context().Err() != nil || r.Method == http.MethodHead)
 		}
 		status := http.StatusInternalServerError // a panic before any status
 		if rec != nil {
@@ -107,7 +108,8 @@ func (h *Handler) serveHeld(w http.ResponseWriter, r *http.Request, next caddyht
 // release gives back what the request's zones held: every concurrency
 // zone's slot, and the charge of each count_status zone that does not
 // count status; and settles the real cost that the response reported to
-// each cost_header zone (costs) that counts it. It runs in the
+// each cost_header zone (costs) that counts it, or its abort charge when
+// the response ended before reporting it. It runs in the
 // background, bounded by the store's timeout; a failed refund leaves the
 // charge (strict) and is counted, a failed settlement is sent again, then
 // counted.
@@ -119,7 +121,11 @@ func (h *Handler) release(sc *scratch, status int, costs *costRecorder) {
 		q, res, z := &sc.heldList[i].req, &sc.heldList[i].res, sc.heldList[i].zone
 		refunded := z.countStatus && status != statusUnknown && !z.counted.has(status)
 		if z.costHeader != "" && !refunded && settled(res) {
-			if n, ok := costs.cost(z.costHeader); ok {
+			n, st := costs.cost(z.costHeader)
+			if st == costUnfinished {
+				n = unfinishedCost(sc.heldList, i, n)
+			}
+			if st != costNone {
 				settle, settleRes, real = append(settle, *q), append(settleRes, *res), append(real, n)
 			}
 		}

@@ -566,13 +566,20 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		return nil
 	case "cost_header":
 		args := d.RemainingArgs()
-		if len(args) != 1 {
-			return d.Errf("zone %q: cost_header takes one response header name: cost_header <header>", z.Name)
+		if (len(args) != 1 && len(args) != 3) || (len(args) == 3 && args[1] != "abort") {
+			return d.Errf("zone %q: cost_header takes one response header name, then optionally what a request pays when its response ends before reporting its cost: cost_header <header> [abort <n>]", z.Name)
 		}
 		if !validFieldName(args[0]) {
 			return d.Errf("zone %q: cost_header %q is not a header field name", z.Name, args[0])
 		}
 		z.CostHeader = args[0]
+		if len(args) == 3 {
+			n, err := strconv.ParseInt(args[2], 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("zone %q: cost_header's abort takes a positive whole number of tokens, got %q", z.Name, args[2])
+			}
+			z.CostHeaderAbort = n
+		}
 		return nil
 	case "exempt":
 		if err := unmarshalExempt(d, &z.Exempt); err != nil {

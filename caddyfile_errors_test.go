@@ -1233,7 +1233,7 @@ var badCaddyfiles = []struct {
 			cost_header
 		}
 	}
-}`, 5, `zone "llm": cost_header takes one response header name: cost_header <header>`},
+}`, 5, `zone "llm": cost_header takes one response header name, then optionally what a request pays when its response ends before reporting its cost: cost_header <header> [abort <n>]`},
 	{"two names", `:80 {
 	rate_limit {
 		zone llm {
@@ -1242,6 +1242,38 @@ var badCaddyfiles = []struct {
 		}
 	}
 }`, 5, `cost_header takes one response header name`},
+	{"abort without a number", `:80 {
+	rate_limit {
+		zone llm {
+			rate 1000 1m
+			cost_header X-Tokens-Used abort
+		}
+	}
+}`, 5, `cost_header <header> [abort <n>]`},
+	{"abort 0", `:80 {
+	rate_limit {
+		zone llm {
+			rate 1000 1m
+			cost_header X-Tokens-Used abort 0
+		}
+	}
+}`, 5, `zone "llm": cost_header's abort takes a positive whole number of tokens, got "0"`},
+	{"abort not a number", `:80 {
+	rate_limit {
+		zone llm {
+			rate 1000 1m
+			cost_header X-Tokens-Used abort lots
+		}
+	}
+}`, 5, `cost_header's abort takes a positive whole number of tokens, got "lots"`},
+	{"not abort", `:80 {
+	rate_limit {
+		zone llm {
+			rate 1000 1m
+			cost_header X-Tokens-Used max 300
+		}
+	}
+}`, 5, `cost_header <header> [abort <n>]`},
 	{"not a field name", `:80 {
 	rate_limit {
 		zone llm {

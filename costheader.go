@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,7 +22,9 @@ import (
 // up-front cost, reads the real cost from a response header (at
 // WriteHeader) or trailer (at the end of the body), and settles the
 // difference after the response (limiter.Settle): one more store call,
-// queued like a refund, never on the response's path.
+// queued like a refund, never on the response's path. A response that
+// ended before it reported its cost (its client left, its stream was
+// aborted, a HEAD) settles on the zone's abort charge (unfinishedCost).
 
 // checkCostHeader checks a zone's cost_header: a header field name, on a
 // token bucket zone or a quota.
@@ -35,6 +38,18 @@ func checkCostHeader(name string, alg limiter.Algorithm) error {
 	return nil
 }
 
+// checkCostHeaderAbort checks a zone's abort charge: a positive number of
+// tokens, on a zone with cost_header (0: the default).
+func checkCostHeaderAbort(name string, abort int64) error {
+	switch {
+	case abort < 0:
+		return fmt.Errorf("cost_header_abort must be a positive number of tokens, got %d", abort)
+	case abort > 0 && name == "":
+		return errors.New("cost_header_abort applies to a zone with cost_header")
+	}
+	return nil
+}
+
 // costHeaderName returns the response field the zone reads its real cost
 // from: its own cost_header, or, for a quota beside a rate, its zone's.
 func (z *Zone) costHeaderName() string {
@@ -42,6 +57,44 @@ func (z *Zone) costHeaderName() string {
 		return z.quotaOf.CostHeader
 	}
 	return z.CostHeader
+}
+
+// costHeaderAbort returns the zone's abort charge: its own
+// CostHeaderAbort, or, for a quota beside a rate, its zone's.
+func (z *Zone) costHeaderAbort() int64 {
+	if z.quotaOf != nil {
+		return z.quotaOf.CostHeaderAbort
+	}
+	return z.CostHeaderAbort
+}
+
+// unfinishedCost returns what the request of decision ds[i] pays when its
+// response ended before it reported its cost (provisional: what the
+// header reported meanwhile, or 0): the larger of that, its up-front cost
+// and the zone's abort charge, by default the up-front cost plus the
+// zone's burst (a quota beside a rate takes its zone's burst, the
+// decision before it; a quota alone its quota). Settle caps it at the
+// up-front cost plus the burst.
+func unfinishedCost(ds []zoneDecision, i int, provisional int64) int64 {
+	d := &ds[i]
+	upfront := max(d.req.Cost, 0)
+	abort := d.zone.costAbort
+	if abort <= 0 {
+		burst := d.req.Rule.Burst()
+		if q := d.zone.quotaOf; q != nil && i > 0 && ds[i-1].zone == q {
+			burst = ds[i-1].req.Rule.Burst()
+		}
+		abort = satAdd(upfront, burst)
+	}
+	return max(abort, upfront, provisional)
+}
+
+// satAdd returns a + b for non-negative a and b, at most math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // validFieldName reports whether s is an HTTP field name (RFC 9110's token).
@@ -79,15 +132,36 @@ func parseCost(vals []string) (int64, bool) {
 	return n, err == nil
 }
 
+// costState is what a response told of its real cost.
+type costState uint8
+
+const (
+	// costNone: the response reported no cost; the up-front cost stands.
+	costNone costState = iota
+	// costReported: the header or a trailer reported the cost.
+	costReported
+	// costUnfinished: the response ended before it reported its cost
+	// (its client left, its stream was aborted, a trailer it announced
+	// never came): the request pays its zone's abort charge.
+	costUnfinished
+)
+
+// costField is what a response reports in one cost header.
+type costField struct {
+	name      string   // canonical
+	header    []string // its values in the header, as the status was written
+	announced bool     // the header announced it as a trailer
+	cost      int64    // the cost reported; when unfinished, the header's provisional one (or 0)
+	state     costState
+}
+
 // costRecorder reads the cost headers of a response's zones: from the
 // header when the status is written, and from the trailers once the body
 // is (a trailer wins over the header).
 type costRecorder struct {
 	*caddyhttp.ResponseWriterWrapper
-	names []string // the zones' cost headers, canonical, each once
-	costs []int64  // per name: the cost reported
-	found []bool   // per name: whether one was
-	wrote bool     // the header was read
+	fields []costField // each zone's cost header once
+	wrote  bool        // the header was read
 }
 
 // newCostRecorder wraps w to read the cost headers of the zones in ds.
@@ -95,17 +169,16 @@ func newCostRecorder(w http.ResponseWriter, ds []zoneDecision) *costRecorder {
 	c := &costRecorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	for i := range ds {
 		if n := ds[i].zone.costHeader; n != "" && c.index(n) < 0 {
-			c.names = append(c.names, n)
+			c.fields = append(c.fields, costField{name: n})
 		}
 	}
-	c.costs, c.found = make([]int64, len(c.names)), make([]bool, len(c.names))
 	return c
 }
 
 // index returns the position of the cost header name, or -1.
 func (c *costRecorder) index(name string) int {
-	for i, n := range c.names {
-		if n == name {
+	for i := range c.fields {
+		if c.fields[i].name == name {
 			return i
 		}
 	}
@@ -119,8 +192,12 @@ func (c *costRecorder) readHeader() {
 	}
 	c.wrote = true
 	h := c.Header()
-	for i, n := range c.names {
-		c.costs[i], c.found[i] = parseCost(h[n])
+	for i := range c.fields {
+		f := &c.fields[i]
+		f.header, f.announced = h[f.name], announced(h, f.name)
+		if v, ok := parseCost(f.header); ok {
+			f.cost, f.state = v, costReported
+		}
 	}
 }
 
@@ -144,23 +221,50 @@ func (c *costRecorder) ReadFrom(r io.Reader) (int64, error) {
 	return c.ResponseWriterWrapper.ReadFrom(r)
 }
 
-// readTrailers reads the costs that the trailers carry, once the handler
-// has returned (or panicked: a stream aborted): a field set with
-// http.TrailerPrefix, or one that the header announced in Trailer.
-func (c *costRecorder) readTrailers() {
-	if !c.wrote {
-		return // no response: the up-front cost stands
-	}
+// finish reads the costs that the trailers carry, once the handler has
+// returned or panicked, and settles what each field reported: a trailer
+// wins over the header. unfinished tells that the body, and so any
+// trailer, did not come in full: the client left, the handler panicked
+// (reverse_proxy aborts a stream so), or the request is a HEAD (its
+// response has no body). Its fields are then costUnfinished unless a
+// trailer came, or the header reported the cost and announced no trailer
+// to replace it.
+func (c *costRecorder) finish(unfinished bool) {
 	h := c.Header()
-	for i, n := range c.names {
-		if v, ok := parseCost(h[http.TrailerPrefix+n]); ok {
-			c.costs[i], c.found[i] = v, true
-		} else if announced(h, n) {
-			if v, ok := parseCost(h[n]); ok {
-				c.costs[i], c.found[i] = v, true
+	for i := range c.fields {
+		f := &c.fields[i]
+		if v, ok := trailerCost(h, f); ok && c.wrote {
+			f.cost, f.state = v, costReported
+			continue
+		}
+		if unfinished && (f.state != costReported || f.announced) {
+			if f.state != costReported {
+				f.cost = 0
 			}
+			f.state = costUnfinished
 		}
 	}
+}
+
+// trailerCost returns the cost a trailer of field f reported: one set with
+// http.TrailerPrefix, or the announced field's values beyond the
+// header's (reverse_proxy adds a trailer's values after the header's under
+// the same name; a handler may also replace them).
+func trailerCost(h http.Header, f *costField) (int64, bool) {
+	if v, ok := parseCost(h[http.TrailerPrefix+f.name]); ok {
+		return v, true
+	}
+	if !f.announced {
+		return 0, false
+	}
+	vals := h[f.name]
+	switch {
+	case len(vals) > len(f.header) && slices.Equal(vals[:len(f.header)], f.header):
+		return parseCost(vals[len(f.header):])
+	case !slices.Equal(vals, f.header):
+		return parseCost(vals)
+	}
+	return 0, false // the header's values, unchanged: no trailer came
 }
 
 // announced reports whether the header h announces the trailer name.
@@ -175,16 +279,17 @@ func announced(h http.Header, name string) bool {
 	return false
 }
 
-// cost returns the real cost reported in the header name, and whether
-// one was.
-func (c *costRecorder) cost(name string) (int64, bool) {
+// cost returns what the response reported in the header name: the cost
+// and costReported, the header's provisional cost (or 0) and
+// costUnfinished, or costNone.
+func (c *costRecorder) cost(name string) (int64, costState) {
 	if c == nil {
-		return 0, false
+		return 0, costNone
 	}
-	if i := c.index(name); i >= 0 && c.found[i] {
-		return c.costs[i], true
+	if i := c.index(name); i >= 0 {
+		return c.fields[i].cost, c.fields[i].state
 	}
-	return 0, false
+	return 0, costNone
 }
 
 // settleLater settles, in the background, the real costs of the zones of

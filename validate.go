@@ -119,6 +119,9 @@ func (z *Zone) validatePolicies() error {
 	if err != nil {
 		return inSetting("algorithm", err)
 	}
+	if err := checkCostHeaderAbort(z.CostHeader, z.CostHeaderAbort); err != nil {
+		return inSetting("cost_header_abort", err)
+	}
 	if alg == limiter.Concurrency {
 		return z.validateConcurrency()
 	}

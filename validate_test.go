@@ -26,6 +26,8 @@ func TestValidateRefusesWhatProvisionRefuses(t *testing.T) {
 		"zone defined twice": `{"zones":[` + zone + `,` + zone + `]}`,
 		"algorithm":          `{"zones":[{"name":"a","algorithm":"nope","rate":1,"per":1000000000}]}`,
 		"cost over burst":    `{"zones":[{"name":"a","rate":2,"per":1000000000,"cost":"3"}]}`,
+		"cost_header_abort":  `{"zones":[{"name":"a","rate":2,"per":1000000000,"cost_header":"X-Tokens-Used","cost_header_abort":-1}]}`,
+		"abort alone":        `{"zones":[{"name":"a","rate":2,"per":1000000000,"cost_header_abort":5}]}`,
 		"both forms":         `{"zones":[` + zone + `],"rate_limits":{"b":{"window":1000000000,"max_events":1}}}`,
 		"rate_limits":        `{"rate_limits":{"b":{"window":1000000000}}}`,
 		"redis address":      `{"redis":{},"zones":[` + zone + `]}`,

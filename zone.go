@@ -157,9 +157,25 @@ type Zone struct {
 	// store call after the response. The bucket may then owe more than
 	// its capacity: the key's next requests are denied until the refill
 	// has repaid it. A missing or invalid value leaves the up-front cost.
-	// The zone's quota settles on it too. Token bucket zones and quotas
-	// only. Default: none.
+	// A trailer wins over the header. A request whose response ended
+	// before it reported its cost pays CostHeaderAbort. The zone's quota
+	// settles on it too. Token bucket zones and quotas only. Default:
+	// none.
 	CostHeader string `json:"cost_header,omitempty"`
+
+	// CostHeaderAbort is the cost, in tokens, of a request of a
+	// cost_header zone whose response ended before it reported its real
+	// cost: its client left before the status or before a trailer the
+	// cost could still come in (the header carried none, or announced a
+	// trailer), reverse_proxy aborted its stream, or it is a HEAD with no
+	// cost in the header. The request is settled on the larger of this,
+	// its up-front cost and any cost the header reported, as if the
+	// upstream had reported it (at most the burst beyond the up-front
+	// cost, as any settlement); the zone's quota counts the same. Default:
+	// the most a settlement can charge: the up-front cost plus the zone's
+	// burst (a quota alone: plus its quota), so that no client pays less
+	// by hanging up than by reading the answer to its end.
+	CostHeaderAbort int64 `json:"cost_header_abort,omitempty"`
 
 	// MaxDelay is the longest a leaky bucket lets a request wait for its
 	// turn; a request that would wait longer is denied. Default: 10s, or
@@ -284,6 +300,7 @@ type Zone struct {
 	counted     statusSet
 	countStatus bool   // counted applies: the zone refunds what it does not count
 	costHeader  string // CostHeader, canonical; empty: none
+	costAbort   int64  // CostHeaderAbort (a quota's: its zone's); 0: the default
 	allDryRun   bool   // the handler's dry_run
 	errDenied   error
 	errNever    error
@@ -394,9 +411,9 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	z.provisionKeys()
 	z.provisionCost()
 	z.provisionReserve()
-	z.costHeader = ""
+	z.costHeader, z.costAbort = "", 0
 	if h := z.costHeaderName(); h != "" {
-		z.costHeader = http.CanonicalHeaderKey(h)
+		z.costHeader, z.costAbort = http.CanonicalHeaderKey(h), z.costHeaderAbort()
 	}
 	z.counted, z.countStatus = statusSet{}, len(z.CountStatus) > 0
 	if z.countStatus {

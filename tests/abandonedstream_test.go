@@ -124,3 +124,130 @@ func TestCountStatusStreamAbandoned(t *testing.T) {
 			r.Status, got, r.Header.Get("RateLimit"))
 	}
 }
+
+// TestCostHeaderAbandoned: a stream whose cost comes only in a trailer is
+// paid for however its client leaves. Three zones, one per path, burst
+// 1000, refilling 1000 a day (none in the test's time):
+//   - tokens (no abort): a stream its client abandons before the trailer
+//     pays the most a settlement charges, its cost plus the burst (1001):
+//     the key is then denied; a stream read to its end pays what the
+//     trailer reports (500);
+//   - capped (abort 300): an abandoned stream pays 300, and so does a
+//     HEAD (no body, so no trailer), and a stream whose header reported a
+//     provisional 0 before a trailer that never came.
+func TestCostHeaderAbandoned(t *testing.T) {
+	t.Parallel()
+	n := startCaddy(t, "", `
+	rate_limit {
+		zone tokens {
+			key {header.X-Key}
+			rate 1000 24h
+			cost_header X-Tokens-Used
+			match {
+				path /tokens/*
+			}
+		}
+		zone capped {
+			key {header.X-Key}
+			rate 1000 24h
+			cost_header X-Tokens-Used abort 300
+			match {
+				path /capped/*
+			}
+		}
+	}
+	reverse_proxy `+streamApp(t)+` {
+		flush_interval -1
+	}`)
+	var wg sync.WaitGroup
+	for _, c := range []struct{ method, path, key string }{
+		{http.MethodGet, "/tokens/stream?ms=2000&n=500", "left"},
+		{http.MethodGet, "/capped/stream?ms=2000&n=500", "left"},
+		{http.MethodGet, "/capped/stream?ms=2000&h=0&n=500", "provisional"},
+	} {
+		wg.Go(func() {
+			if s := abandon(t, n, c.method, c.path, c.key, time.Second); s != http.StatusOK {
+				t.Errorf("%s: status %d, want 200 before the client leaves", c.path, s)
+			}
+		})
+	}
+	wg.Go(func() {
+		if r := n.do(http.MethodHead, "/capped/stream?ms=200&n=500", "X-Key: head"); r.Status != http.StatusOK {
+			t.Errorf("HEAD: %d", r.Status)
+		}
+	})
+	wg.Go(func() {
+		if r := n.get("/tokens/stream?ms=200&n=500", "X-Key: full"); r.Status != http.StatusOK || !strings.Contains(r.Body, "chunk") {
+			t.Errorf("a stream read to its end: %d %q", r.Status, r.Body)
+		}
+	})
+	wg.Wait()
+	for _, c := range []struct {
+		zone, key string
+		settled   int // what the request paid in the end; -1: more than the burst
+		what      string
+	}{
+		{"tokens", "full", 500, "a stream read to its end pays its trailer's 500"},
+		{"tokens", "left", -1, "an abandoned stream pays its cost plus the burst"},
+		{"capped", "left", 300, "an abandoned stream pays abort 300"},
+		{"capped", "provisional", 300, "an abandoned stream pays abort 300, not the header's provisional 0"},
+		{"capped", "head", 300, "a HEAD, which cannot carry a trailer, pays abort 300"},
+	} {
+		checkSettled(t, n, c.zone, c.key, c.settled, c.what)
+	}
+}
+
+// checkSettled waits until the key's bucket in zone (burst 1000, no
+// refill to speak of) shows a request of cost 1 settled on settled
+// tokens: probes of /<zone>/quick, each charged 1, find the bucket at
+// 1000 - settled less the probes before them (denied when settled is
+// -1: beyond the burst).
+func checkSettled(t *testing.T, n *node, zone, key string, settled int, what string) {
+	t.Helper()
+	for probes := 0; ; probes++ {
+		r := n.get("/"+zone+"/quick", "X-Key: "+key)
+		got := remainingOf(r, zone)
+		switch {
+		case settled < 0 && r.Status == http.StatusTooManyRequests:
+			t.Logf("%s: denied, Retry-After %ss (RateLimit %q)", what, r.Header.Get("Retry-After"), r.Header.Get("RateLimit"))
+			return
+		case r.Status != http.StatusOK:
+			t.Fatalf("%s: probe %d answered %d (RateLimit %q)", what, probes, r.Status, r.Header.Get("RateLimit"))
+		case settled >= 0 && got == 1000-settled-probes-1:
+			t.Logf("%s: remaining %d after %d probes", what, got, probes+1)
+			return
+		case got != 1000-1-probes-1 || probes == 20:
+			// Neither settled as wanted nor yet settled at all.
+			want := "denied (settled beyond the burst)"
+			if settled >= 0 {
+				want = fmt.Sprintf("remaining %d (settled on %d)", 1000-settled-probes-1, settled)
+			}
+			t.Fatalf("%s: remaining %d after %d probes (RateLimit %q), want %s",
+				what, got, probes+1, r.Header.Get("RateLimit"), want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestCostHeaderTrailerWins: an upstream that sends X-Tokens-Used: 0 in
+// the header, announces the same field as a trailer and ends with 500 is
+// settled on 500: the trailer wins over the header (reverse_proxy adds the
+// trailer's values after the header's under the same name).
+func TestCostHeaderTrailerWins(t *testing.T) {
+	t.Parallel()
+	n := startCaddy(t, "", `
+	rate_limit {
+		zone tokens {
+			key {header.X-Key}
+			rate 1000 24h
+			cost_header X-Tokens-Used
+		}
+	}
+	reverse_proxy `+streamApp(t)+` {
+		flush_interval -1
+	}`)
+	if r := n.get("/tokens/both?ms=200&h=0&n=500", "X-Key: k"); r.Status != http.StatusOK {
+		t.Fatalf("streamed answer: %d", r.Status)
+	}
+	checkSettled(t, n, "tokens", "k", 500, "a stream whose header said 0 and trailer 500")
+}
