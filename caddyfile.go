@@ -67,7 +67,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        lease <duration>                 # concurrency
 //	        reserve <percent|placeholder>
 //	        count_status <code|class>...
-//	        cost_header <response header>     # token_bucket, quota: settle the real cost after the response
+//	        cost_header <response header> [abort <n>]  # token_bucket, quota: settle the real cost after the response
 //	        ban <duration> after <n> in <window>
 //	        dry_run
 //	        prefetch <n> [<max_hold>]        # token_bucket, fixed_window: hot keys
