@@ -19,7 +19,9 @@ var (
 // minute, one Redis whose clients are killed, paused and made to sleep
 // under three nodes, a memory store reloaded four times beside an exempt
 // client, concurrency slots across a SIGSTOP and a DEBUG SLEEP, and
-// cost_header zones (one with a quota) through a node's kill -9.
+// cost_header zones (one with a quota) through a node's kill -9. Each also
+// has a soft shed's small waiting room, filled by a hog beside a guest of
+// one request at a time.
 var chaosSeeds = []uint64{8, 9, 25, 89}
 
 // chaosLoad is how long each default scenario's clients send.

@@ -14,6 +14,7 @@ const (
 	streamKeyResets
 	streamSoftShed
 	streamCostHeader
+	streamShedRoom
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -29,6 +30,7 @@ func (s *Scenario) drawFeatures() {
 	s.drawResets(featureRand(s.Seed, streamKeyResets))      // reset.go
 	s.drawSoftShed(featureRand(s.Seed, streamSoftShed))     // softshed.go
 	s.drawCostHeader(featureRand(s.Seed, streamCostHeader)) // costheader.go
+	s.drawShedRoom(featureRand(s.Seed, streamShedRoom))     // shedroom.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

@@ -29,6 +29,8 @@ type checker struct {
 	out []Violation
 	// tightest is the bucket span that came closest to its bound.
 	tightest Tightness
+	// figures are what the later checks saw, for the result.
+	figures []string
 }
 
 func (c *checker) fail(inv, format string, args ...any) {

@@ -28,6 +28,7 @@ type request struct {
 	done    time.Time
 	status  int           // 0 on a transport error or an abort
 	denier  string        // the zone a 429 named
+	reason  string        // the error a 429 gave (shedroom.go)
 	gen     string        // X-Gen of the answer
 	fromApp bool          // the answer carries X-Upstream
 	fields  bool          // the answer carries rate limit fields (exempt.go)
@@ -135,6 +136,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request) {
 	q.fields, q.delayed = rateLimitFields(resp.Header)
 	q.delay = delayField(resp.Header) // softshed.go
 	if q.status == http.StatusTooManyRequests {
-		q.denier = strings.TrimSpace(string(body))
+		denier, reason, _ := strings.Cut(string(body), denialSeparator)
+		q.denier, q.reason = strings.TrimSpace(denier), strings.TrimSpace(reason)
 	}
 }

@@ -49,6 +49,9 @@ type Result struct {
 	// Tightest is the bucket that came closest to its bound: its admitted
 	// tokens over its exact bound plus allowances (Use), and the figures.
 	Tightest Tightness
+	// Figures are what the later checks saw: the requests soft shed rooms
+	// turned away.
+	Figures []string
 	// Faults are the faults as injected.
 	Faults []string
 	// Violations are the invariants it broke.
@@ -104,6 +107,9 @@ func (r *Result) Print(w interface{ Write([]byte) (int, error) }, o Options) {
 	}
 	for _, q := range r.Quotas {
 		fmt.Fprintf(w, "  quota: %s\n", q)
+	}
+	for _, f := range r.Figures {
+		fmt.Fprintf(w, "  %s\n", f)
 	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "  VIOLATION seed %d %s\n    repro: %s\n", s.Seed, v, Repro(s.Seed, o))

@@ -37,7 +37,7 @@ func Run(t redistest.T, bin string, s *Scenario) *Result {
 			res.Admitted++
 		}
 	}
-	res.Tightest = c.tightest
+	res.Tightest, res.Figures = c.tightest, c.figures
 	res.Violations = summarize(c.out)
 	res.Took = time.Since(began)
 	return res
@@ -161,6 +161,7 @@ func (c *checker) checkObserved(res *Result, nodes []*localfleet.Node) {
 	c.checkStatus()
 	c.checkWaitRooms(nodes)
 	c.checkSoftShed()
+	c.checkShedRooms()
 }
 
 // checkResources checks that every node not killed during the run is back

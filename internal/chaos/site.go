@@ -10,10 +10,14 @@ import (
 // by that concurrency zone alone.
 const probePrefix = "/probe/"
 
+// denialSeparator parts, in a 429's body, the zone that denied the request
+// from the error's message.
+const denialSeparator = " | "
+
 // Site writes the site block of the scenario: the tier map, the rate_limit
 // block with redisBlock (empty for the memory store), a proxy to the
 // upstream at upstream (host:port), and a 429 whose body names the zone
-// that denied. gen is written into a response header, so that a reload
+// that denied and the error's message. gen is written into a response header, so that a reload
 // with the next gen is a new configuration.
 func (s *Scenario) Site(redisBlock, upstream string, gen int) string {
 	var b strings.Builder
@@ -32,7 +36,7 @@ func (s *Scenario) Site(redisBlock, upstream string, gen int) string {
 	}
 	b.WriteString("\t}\n")
 	fmt.Fprintf(&b, "\treverse_proxy %s\n", upstream)
-	b.WriteString("\thandle_errors 429 {\n\t\trespond \"{http.rate_limit.exceeded.name}\" 429\n\t}\n")
+	b.WriteString("\thandle_errors 429 {\n\t\trespond \"{http.rate_limit.exceeded.name}" + denialSeparator + "{http.error.message}\" 429\n\t}\n")
 	return b.String()
 }
 

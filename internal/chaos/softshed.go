@@ -124,5 +124,8 @@ func shedSummary(z *Zone) string {
 	if z.SoftShed == 0 {
 		return ""
 	}
+	if z.MaxWaiting > 0 {
+		return "+soft_shed" + strconv.FormatInt(z.SoftShed, 10) + "/room" + strconv.FormatInt(z.MaxWaiting, 10) // shedroom.go
+	}
 	return "+soft_shed" + strconv.FormatInt(z.SoftShed, 10)
 }
