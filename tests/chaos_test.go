@@ -21,7 +21,8 @@ var (
 // client, concurrency slots across a SIGSTOP and a DEBUG SLEEP, and
 // cost_header zones (one with a quota) through a node's kill -9. Each also
 // has a soft shed's small waiting room, filled by a hog beside a guest of
-// one request at a time.
+// one request at a time, and the last a client that hangs up mid-stream
+// on a count_status zone that counts its status.
 var chaosSeeds = []uint64{8, 9, 25, 89}
 
 // chaosLoad is how long each default scenario's clients send.

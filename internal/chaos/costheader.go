@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"cmp"
+	"fmt"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -21,7 +22,10 @@ import (
 // burst. The bound then counts each request at its settled cost, with the
 // allowance that docs/policies.md names: a key's requests in flight at
 // once may each report up to a burst beyond their up-front cost before the
-// bucket, in debt, denies the key.
+// bucket, in debt, denies the key. A request whose trailer never came (its
+// client hung up first: stream.go) is charged the zone's abort cost; where
+// the upstream sends both a header and a trailer, the trailer's value is
+// the one charged.
 
 // costHeaderName is the field the upstream reports a request's real cost
 // in.
@@ -60,10 +64,21 @@ func (s *Scenario) onRefundedTarget(zi int) bool {
 	return false
 }
 
+// costHeaderLine is the zone's cost_header subdirective.
+func (z *Zone) costHeaderLine() string {
+	if z.CostAbort > 0 {
+		return fmt.Sprintf("cost_header %s abort %d", costHeaderName, z.CostAbort)
+	}
+	return "cost_header " + costHeaderName
+}
+
 // costSummary describes a zone's cost_header for Summary: "" for none.
 func costSummary(z *Zone) string {
-	if !z.CostHeader {
+	switch {
+	case !z.CostHeader:
 		return ""
+	case z.CostAbort > 0:
+		return "+cost_header/abort" + strconv.FormatInt(z.CostAbort, 10)
 	}
 	return "+cost_header"
 }
@@ -97,10 +112,28 @@ func reportedCost(id string) (cost int64, trailer bool) {
 	}
 }
 
-// reportCost writes the real cost of the request id into the response:
-// the header now, or the trailer's announcement now and the returned
-// function writes its value after the body.
-func reportCost(w http.ResponseWriter, id string) (after func()) {
+// decoyCost is what an upstream that reports a cost both ways sends in the
+// header before the trailer that carries the real cost: nothing, as an
+// answer that has not counted its tokens yet would (and as a client that
+// wants the header read first would like).
+const decoyCost = 0
+
+// costReport is how the upstream reports each request's real cost: on
+// says it does, both that a cost it sends in a trailer it also sends, as
+// decoyCost, in the header first.
+type costReport struct{ on, both bool }
+
+// upstreamCosts is how the scenario's upstream reports costs: where a zone
+// has cost_header, and both ways when the scenario drew it.
+func (s *Scenario) upstreamCosts() costReport {
+	return costReport{on: s.hasCostHeader(), both: s.HeaderAndTrailer}
+}
+
+// report writes the real cost of the request id into the response: the
+// header now, or the trailer's announcement now (with the decoy header of
+// an upstream that reports both ways) and the returned function writes
+// its value after the body.
+func (cr costReport) report(w http.ResponseWriter, id string) (after func()) {
 	cost, trailer := reportedCost(id)
 	v := strconv.FormatInt(cost, 10)
 	if !trailer {
@@ -108,7 +141,24 @@ func reportCost(w http.ResponseWriter, id string) (after func()) {
 		return func() {}
 	}
 	w.Header().Set("Trailer", costHeaderName)
+	if cr.both {
+		w.Header().Set(costHeaderName, strconv.Itoa(decoyCost))
+	}
 	return func() { w.Header().Set(costHeaderName, v) }
+}
+
+// drawCostReport makes, from its own stream (features.go), half the
+// upstreams of scenarios with a cost_header zone report a cost sent in a
+// trailer also in the header first, as decoyCost (the trailer's value is
+// the one charged), and gives half the cost_header zones an abort of 1 to
+// 60 tokens (below, within and beyond what a settlement may charge).
+func (s *Scenario) drawCostReport(r *rand.Rand) {
+	s.HeaderAndTrailer = s.hasCostHeader() && r.IntN(2) == 0
+	for _, z := range s.Zones {
+		if z.CostHeader && r.IntN(2) == 0 {
+			z.CostAbort = 1 + r.Int64N(60)
+		}
+	}
 }
 
 // settlementsLost waits for the settlements of the load's last responses
@@ -136,30 +186,21 @@ func (s *Scenario) settlementsLost(nodes []*localfleet.Node, waited time.Duratio
 }
 
 // settledCost is what zone z charged request q in the end, given its
-// up-front cost: the cost the upstream reported, at most the up-front cost
-// plus the burst. Where the settlement is uncertain, the lesser of the
-// two: the client got no answer from the upstream (the proxy may not have
-// read the field), or a node was killed while it was to land (a process
-// that dies loses its queued settlements, and its count of lost ones; a
-// run with a kill treats Redis' faults so too). A settlement the store
-// lost in a Redis fault is counted in the metrics, and allowed for by
+// up-front cost: the cost the upstream reported (or, for a stream cut
+// before the trailer that carried it, the zone's abort cost), at most the
+// up-front cost plus the burst. Where the settlement is uncertain, the
+// lesser of the two: the client got no answer from the upstream (the proxy
+// may not have read the field), or a node was killed while it was to land
+// (a process that dies loses its queued settlements, and its count of lost
+// ones; a run with a kill treats Redis' faults so too). A settlement the
+// store lost in a Redis fault is counted in the metrics, and allowed for by
 // settleLostShare.
 func (c *checker) settledCost(z *Zone, q *request, upfront int64) float64 {
 	if !z.CostHeader {
 		return float64(upfront)
 	}
-	real, _ := reportedCost(q.id)
 	_, burst := c.s.rule(z, q.client)
-	settled := upfront
-	if real-upfront > burst {
-		settled = upfront + burst
-	} else {
-		settled = real
-	}
-	if q.status == 0 || !q.fromApp || c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.settleLoss) {
-		settled = min(settled, upfront)
-	}
-	return float64(settled)
+	return c.settled(z, q, upfront, burst)
 }
 
 // settledQuota is what a cost_header zone's quota counted of request q in
@@ -168,15 +209,66 @@ func (c *checker) settledQuota(z *Zone, q *request, upfront int64) float64 {
 	if !z.CostHeader {
 		return float64(upfront)
 	}
-	real, _ := reportedCost(q.id)
-	settled := real
-	if real-upfront > z.Quota {
-		settled = upfront + z.Quota
+	return c.settled(z, q, upfront, z.Quota)
+}
+
+// settled is what a cost_header zone settled request q at, its reported
+// cost beyond upfront capped at most: the least of what it may have
+// settled (costs), or of that and upfront where the settlement itself is
+// uncertain.
+func (c *checker) settled(z *Zone, q *request, upfront, most int64) float64 {
+	settled := int64(math.MaxInt64)
+	for _, real := range c.costs(z, q, upfront) {
+		if real-upfront > most {
+			real = upfront + most
+		}
+		settled = min(settled, real)
 	}
 	if q.status == 0 || !q.fromApp || c.inFault(q.sent, q.done.Add(settleLate), 0, 0, c.settleLoss) {
 		settled = min(settled, upfront)
 	}
 	return float64(settled)
+}
+
+// costs returns the costs zone z may have read for request q (of up-front
+// cost upfront), before any cap: the one the upstream reported, or, where
+// it was to come in a trailer that never reached the proxy (a stream cut
+// by its client's leaving, a HEAD), the zone's abort charge; both where the
+// checker cannot tell which the proxy saw (a stream whose client was to
+// hang up but whose proxy did not notice in time, or one its client did
+// not read whole).
+func (c *checker) costs(z *Zone, q *request, upfront int64) []int64 {
+	real, trailer := reportedCost(q.id)
+	if !trailer {
+		return []int64{real} // read with the status, which the client saw
+	}
+	abort := c.abortCharge(z, q, upfront)
+	switch end := c.o.seen[q.id].end; {
+	case end == streamCut || q.head:
+		return []int64{abort}
+	case end == streamLate || q.err != "":
+		return []int64{real, abort}
+	}
+	return []int64{real}
+}
+
+// abortCharge is what a cost_header zone charges request q, of up-front
+// cost upfront, whose cost was to come in a trailer that never came, as
+// docs/policies.md says: the larger of the zone's abort, the up-front cost
+// and what the header reported meanwhile (the decoy of an upstream that
+// reports both ways), and by default the most a settlement charges, the
+// up-front cost plus the burst (the bucket's, for the zone's quota too).
+func (c *checker) abortCharge(z *Zone, q *request, upfront int64) int64 {
+	abort := z.CostAbort
+	if abort <= 0 {
+		_, burst := c.s.rule(z, q.client)
+		abort = upfront + burst
+	}
+	provisional := int64(0)
+	if c.s.HeaderAndTrailer {
+		provisional = decoyCost
+	}
+	return max(abort, upfront, provisional)
 }
 
 // quotaSettleShare is the allowance of a cost_header zone's quota: what the

@@ -11,8 +11,8 @@
 //
 // One concept per file: scenario.go draws, site.go writes the Caddyfile,
 // topology.go starts Redis, upstream.go is the application, load.go the
-// clients, shedroom.go the soft shed's waiting room and its invariant,
-// exempt.go the exempt client and its check, fault.go the faults,
+// clients, stream.go the streamed answers and the client that hangs up
+// mid-stream, shedroom.go the soft shed's waiting room and its invariant, exempt.go the exempt client and its check, fault.go the faults,
 // reset.go the key resets (a DELETE of a key through a node's admin API,
 // after which its bound starts again), bans.go and resources.go what the
 // nodes expose, bound.go the exact bounds and allowances, invariants.go the

@@ -15,6 +15,8 @@ const (
 	streamSoftShed
 	streamCostHeader
 	streamShedRoom
+	streamCostReport
+	streamHangUp
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -31,6 +33,8 @@ func (s *Scenario) drawFeatures() {
 	s.drawSoftShed(featureRand(s.Seed, streamSoftShed))     // softshed.go
 	s.drawCostHeader(featureRand(s.Seed, streamCostHeader)) // costheader.go
 	s.drawShedRoom(featureRand(s.Seed, streamShedRoom))     // shedroom.go
+	s.drawCostReport(featureRand(s.Seed, streamCostReport)) // costheader.go
+	s.drawHangUp(featureRand(s.Seed, streamHangUp))         // stream.go
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

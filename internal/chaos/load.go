@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -34,6 +33,8 @@ type request struct {
 	fields  bool          // the answer carries rate limit fields (exempt.go)
 	delayed bool          // a leaky bucket or a soft shed held it (X-Ratelimit-Delay)
 	delay   time.Duration // how long, as X-Ratelimit-Delay says (softshed.go)
+	hungUp  bool          // the client hung up after a streamed answer's first chunk (stream.go)
+	head    bool          // a HEAD: its answer has no body, so no trailer (stream.go)
 	err     string
 }
 
@@ -82,7 +83,7 @@ func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i 
 		if c.HugeCostEvery > 0 && i%c.HugeCostEvery == c.HugeCostEvery-1 {
 			q.cost = hugeCost
 		}
-		s.send(cl, urls(q.node), q)
+		s.send(cl, urls(q.node), q, i)
 		if ctx.Err() != nil && q.status == 0 && c.Abort == 0 {
 			break // the load ended while this request was in flight
 		}
@@ -97,10 +98,12 @@ func (s *Scenario) runWorker(ctx context.Context, c *Client, w int, urls func(i 
 	return out
 }
 
-// send sends request q to the node at base and records what came back.
-func (s *Scenario) send(cl *http.Client, base string, q *request) {
+// send sends request q, its client's i-th, to the node at base and records
+// what came back.
+func (s *Scenario) send(cl *http.Client, base string, q *request, i int) {
 	c := q.client
-	req, err := http.NewRequest(http.MethodGet, base+s.Targets[q.target].Path, nil)
+	q.head = c.method(i) == http.MethodHead
+	req, err := http.NewRequest(c.method(i), base+s.Targets[q.target].Path, nil)
 	if err != nil {
 		q.err = err.Error()
 		return
@@ -120,6 +123,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request) {
 	if c.Abort > 0 {
 		h.Set("X-Abort", "1")
 	}
+	c.askStream(h, i) // stream.go
 	q.sent = time.Now()
 	resp, err := cl.Do(req)
 	if err != nil {
@@ -127,9 +131,13 @@ func (s *Scenario) send(cl *http.Client, base string, q *request) {
 		q.err = err.Error()
 		return
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	body, hungUp, err := readBody(resp, c.hangsUp(i)) // stream.go
 	resp.Body.Close()
 	q.done = time.Now()
+	q.hungUp = hungUp
+	if err != nil {
+		q.err = "reading the body: " + err.Error()
+	}
 	q.status = resp.StatusCode
 	q.fromApp = resp.Header.Get("X-Upstream") != ""
 	q.gen = resp.Header.Get("X-Gen")

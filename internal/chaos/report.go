@@ -49,8 +49,8 @@ type Result struct {
 	// Tightest is the bucket that came closest to its bound: its admitted
 	// tokens over its exact bound plus allowances (Use), and the figures.
 	Tightest Tightness
-	// Figures are what the later checks saw: the requests soft shed rooms
-	// turned away.
+	// Figures are what the later checks saw: the streams cut by a
+	// client's hang-up, the requests soft shed rooms turned away.
 	Figures []string
 	// Faults are the faults as injected.
 	Faults []string

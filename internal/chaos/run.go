@@ -58,7 +58,7 @@ type fleet struct {
 // node by a request and an admin call, and measures its baseline.
 func startFleet(t redistest.T, bin string, s *Scenario) *fleet {
 	f := &fleet{be: startBackend(t, s.Topology)}
-	up, err := startUpstream(s.concurrencyZones, s.hasCostHeader())
+	up, err := startUpstream(s.concurrencyZones, s.upstreamCosts())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +162,7 @@ func (c *checker) checkObserved(res *Result, nodes []*localfleet.Node) {
 	c.checkWaitRooms(nodes)
 	c.checkSoftShed()
 	c.checkShedRooms()
+	c.countHangUps()
 }
 
 // checkResources checks that every node not killed during the run is back

@@ -95,6 +95,10 @@ type Zone struct {
 	// CostHeader gives a token bucket zone `cost_header X-Tokens-Used`:
 	// it settles the cost the upstream reports (costheader.go).
 	CostHeader bool
+	// CostAbort, when positive, is the cost_header's abort: what a request
+	// whose reported cost never came is charged at least; 0 is the
+	// default, the most a settlement charges (costheader.go).
+	CostAbort int64
 }
 
 // Target is one path of the site: the zones that apply to it.
@@ -117,6 +121,7 @@ const (
 	KindRefunded = "refunded" // every response uncounted by count_status
 	KindAborter  = "aborter"  // gives up on its requests mid-way
 	KindHugeCost = "hugecost" // now and then a cost of 2^63-1
+	// KindHangUp (stream.go) hangs up mid-stream.
 )
 
 // Client is one client of the load.
@@ -154,6 +159,12 @@ type Client struct {
 	// Source is the loopback address it sends from; empty: 127.0.0.1
 	// (exempt.go).
 	Source string
+	// Stream, when positive, asks the upstream to stream each answer in
+	// that many chunks, StreamGap apart; HangUp hangs up after the first
+	// chunk of most of them (stream.go).
+	Stream    int
+	StreamGap time.Duration
+	HangUp    bool
 }
 
 // The kinds of faults.
@@ -207,6 +218,9 @@ type Scenario struct {
 	VictimTarget int
 	// Exempt is the scenario's exemption, nil for none (exempt.go).
 	Exempt *Exemption
+	// HeaderAndTrailer makes the upstream report a cost it sends in a
+	// trailer also, as another value, in the header first (costheader.go).
+	HeaderAndTrailer bool
 }
 
 // Options bound what Draw may choose.
@@ -587,7 +601,7 @@ func (s *Scenario) Summary() string {
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)
 	}
-	return fmt.Sprintf("%s x%d, zones [%s], %d clients, faults [%s]%s", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), strings.Join(fs, " "), s.resetsSummary())
+	return fmt.Sprintf("%s x%d, zones [%s], %d clients%s, faults [%s]%s", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), s.streamSummary(), strings.Join(fs, " "), s.resetsSummary())
 }
 
 // counted reports whether a response of status is counted by a zone with

@@ -124,7 +124,7 @@ func (z *Zone) writeRule(line func(format string, args ...any)) {
 		line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
 	}
 	if z.CostHeader {
-		line("cost_header %s", costHeaderName)
+		line("%s", z.costHeaderLine()) // costheader.go
 	}
 }
 

@@ -102,7 +102,7 @@ func (c *checker) checkSoftShed() {
 		if over {
 			told++
 		}
-		if q.delay > 0 && !over && q.done.Sub(q.sent) > bound+q.client.Sleep+shedMargin &&
+		if q.delay > 0 && !over && q.done.Sub(q.sent) > bound+q.client.answerTime()+shedMargin &&
 			!c.inFault(q.sent, q.done, 200*time.Millisecond, quietAfter, func(string) bool { return true }) {
 			over = true
 			took++

@@ -12,16 +12,17 @@ import (
 // each request with the status the client asked for (X-Status) after the
 // time it asked for (X-Sleep, in ms), marks its answers (X-Upstream), and
 // records every request it saw: the requests the fleet admitted. It counts,
-// per concurrency zone and key, the requests it holds at once.
+// per concurrency zone and key, the requests it holds at once. A request
+// may ask for its body as a stream (X-Stream, stream.go).
 type upstream struct {
 	srv  *http.Server
 	addr string
 	// czones returns the concurrency zones (name and limit) that apply to
 	// a path.
 	czones func(path string) []*Zone
-	// costs makes it report a real cost of each request in X-Tokens-Used
-	// (costheader.go).
-	costs bool
+	// costs says whether and how it reports a real cost of each request
+	// in X-Tokens-Used (costheader.go).
+	costs costReport
 
 	mu       sync.Mutex
 	seen     map[string]seenRequest // by X-Req
@@ -33,6 +34,7 @@ type upstream struct {
 type seenRequest struct {
 	at     time.Time // when it arrived
 	status int       // what it answered (or would have)
+	end    streamEnd // how a streamed answer ended (stream.go)
 }
 
 // peak is a moment when more requests of a key were in flight through a
@@ -43,9 +45,9 @@ type peak struct {
 	at        time.Time
 }
 
-// startUpstream starts the upstream on a free loopback port; with costs, it
-// reports each request's real cost (costheader.go).
-func startUpstream(czones func(path string) []*Zone, costs bool) (*upstream, error) {
+// startUpstream starts the upstream on a free loopback port; it reports each
+// request's real cost as costs says (costheader.go).
+func startUpstream(czones func(path string) []*Zone, costs costReport) (*upstream, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -64,8 +66,9 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	sleepMs, _ := strconv.Atoi(r.Header.Get("X-Sleep"))
 	key := bucketKey(r.Header.Get("X-Key"))
-	// An aborting client's slots are checked by the probe, not here: its
-	// requests end at the proxy before the upstream notices.
+	// An aborting client's slots (and those of a client that hangs up
+	// mid-stream) are checked by the probe, not here: its requests end at
+	// the proxy before the upstream notices.
 	track := r.Header.Get("X-Abort") == ""
 	zones := u.czones(r.URL.Path)
 	now := time.Now()
@@ -91,12 +94,22 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Upstream", "1")
 	after := func() {}
-	if u.costs {
-		after = reportCost(w, r.Header.Get("X-Req"))
+	if u.costs.on {
+		after = u.costs.report(w, r.Header.Get("X-Req"))
 	}
-	w.WriteHeader(status)
-	_, _ = w.Write([]byte("up"))
-	after()
+	if end := u.stream(w, r, status, after); end != streamNone {
+		u.mu.Lock()
+		if id := r.Header.Get("X-Req"); id != "" {
+			sr := u.seen[id]
+			sr.end = end
+			u.seen[id] = sr
+		}
+		u.mu.Unlock()
+	} else {
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("up"))
+		after()
+	}
 	if track {
 		u.mu.Lock()
 		for _, z := range zones {
