@@ -93,6 +93,13 @@ type App struct {
 	// bounds the work a call can ask for. Default: 4096.
 	MaxEntryBytes int `json:"max_entry_bytes,omitempty"`
 
+	// ConfigRefreshInterval is how often the app looks for changes of
+	// ConfigDir's files; changed files are loaded again and their rules
+	// take over between two calls (rules that do not load are logged,
+	// with the file and line, and the previous ones stay), as
+	// envoyproxy/ratelimit follows its files. Default: 10s.
+	ConfigRefreshInterval caddy.Duration `json:"config_refresh_interval,omitempty"`
+
 	// GracePeriod is how long a stopping server (at a reload or at exit)
 	// lets the calls in flight finish before it closes their connections.
 	// Default: 5s.
@@ -104,6 +111,7 @@ type App struct {
 	limiter   *limiter.Limiter
 	service   *service
 	servers   []*server
+	watcher   *watcher
 }
 
 // CaddyModule returns the Caddy module information.
@@ -154,6 +162,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.limiter = limiter.New(a.store.Store, opt)
 	a.service = newService(rules, a.limiter, a.bounds(), a.logger)
+	every := time.Duration(a.ConfigRefreshInterval)
+	if every == 0 {
+		every = defaultRefreshInterval
+	}
+	a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
+		service: a.service, logger: a.logger}
 	a.logger.Info("rate limit service configured",
 		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
 	return nil
@@ -168,8 +182,8 @@ func (a *App) Validate() error {
 		return limiter.ErrBadFleetSize
 	case a.MaxKeys < 0 || a.MaxDescriptors < 0 || a.MaxEntries < 0 || a.MaxEntryBytes < 0:
 		return errors.New("max_keys, max_descriptors, max_entries and max_entry_bytes must not be negative")
-	case a.GracePeriod < 0:
-		return errors.New("grace_period must not be negative")
+	case a.GracePeriod < 0 || a.ConfigRefreshInterval < 0:
+		return errors.New("grace_period and config_refresh_interval must not be negative")
 	}
 	if _, err := limiter.ParsePolicy(a.OnError); err != nil {
 		return fmt.Errorf("on_error must be local, deny or allow, got %q", a.OnError)
@@ -190,8 +204,9 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start opens the listeners and serves on them.
+// Start opens the listeners, serves on them and watches ConfigDir.
 func (a *App) Start() error {
+	a.watcher.start()
 	addrs, _ := a.addresses() // validated
 	for _, addr := range addrs {
 		srv, err := a.startServer(addr)
@@ -204,10 +219,14 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop stops the servers: each stops accepting, tells its clients to go
-// (HTTP/2 GOAWAY), and lets the calls in flight finish for at most
-// GracePeriod.
+// Stop stops watching ConfigDir and stops the servers: each stops
+// accepting, tells its clients to go (HTTP/2 GOAWAY), and lets the calls in
+// flight finish for at most GracePeriod.
 func (a *App) Stop() error {
+	if a.watcher != nil && a.watcher.stop != nil {
+		a.watcher.close()
+		a.watcher.stop = nil
+	}
 	grace := time.Duration(a.GracePeriod)
 	if grace == 0 {
 		grace = defaultGracePeriod
