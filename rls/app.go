@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -146,15 +147,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.logger.Warn("rate limit service configuration", zap.String("warning", w))
 	}
 	policy, _ := limiter.ParsePolicy(a.OnError) // validated
-	rules, err := compileRules(cfg, policy, a.FleetSize)
-	if err != nil {
-		return fmt.Errorf("config_dir: %w", err)
+	if err := zonesFirst(ctx, cfg); err != nil {
+		return err
 	}
 	a.store, err = fleetlimit.ProvisionStore(a.Redis, fleetlimit.StoreOptions{
-		Local: policy == limiter.PolicyLocal, MaxKeys: a.MaxKeys, Log: a.logger,
+		Local: a.Redis != nil, MaxKeys: a.MaxKeys, Log: a.logger,
 	})
 	if err != nil {
 		return err
+	}
+	rules, err := compileRules(cfg, policy, a.FleetSize, a.store.Store)
+	if err != nil {
+		return fmt.Errorf("config_dir: %w", err)
 	}
 	opt := limiter.Options{Log: a.logger, Local: a.store.Local}
 	if a.Redis != nil {
@@ -167,9 +171,21 @@ func (a *App) Provision(ctx caddy.Context) error {
 		every = defaultRefreshInterval
 	}
 	a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
-		service: a.service, logger: a.logger}
+		store: a.store.Store, service: a.service, logger: a.logger}
 	a.logger.Info("rate limit service configured",
 		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
+	return nil
+}
+
+// zonesFirst provisions Caddy's http app, whose rate_limit handlers
+// publish their zones, before the rules that name a zone look it up.
+func zonesFirst(ctx caddy.Context, cfg *config.Config) error {
+	if !slices.ContainsFunc(cfg.Limits(), func(l *config.Limit) bool { return l.Zone != "" }) {
+		return nil
+	}
+	if _, err := ctx.AppIfConfigured("http"); err != nil && !errors.Is(err, caddy.ErrNotConfigured) {
+		return err
+	}
 	return nil
 }
 

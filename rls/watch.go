@@ -31,6 +31,7 @@ type watcher struct {
 	every     time.Duration
 	policy    limiter.Policy
 	fleetSize int64
+	store     limiter.Store
 	service   *service
 	logger    *zap.Logger
 	last      [sha256.Size]byte // the files' fingerprint at the last load
@@ -76,7 +77,7 @@ func (w *watcher) check() {
 	cfg, err := config.LoadDir(w.dir)
 	if err == nil {
 		var rs *rules
-		if rs, err = compileRules(cfg, w.policy, w.fleetSize); err == nil {
+		if rs, err = compileRules(cfg, w.policy, w.fleetSize, w.store); err == nil {
 			w.service.rules.Store(rs)
 			w.logger.Info("rate limit service rules reloaded", zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
 			return

@@ -20,7 +20,9 @@ func TestRulesFollowFiles(t *testing.T) {
 		a.ConfigRefreshInterval = caddy.Duration(20 * time.Millisecond)
 	})
 	e := patientEnvoy(t, a.addr(0))
-	limit := func() uint32 { return e.must("api", hits(desc("user", "u"), 0)).Statuses[0].CurrentLimit.GetRequestsPerUnit() }
+	limit := func() uint32 {
+		return e.must("api", hits(desc("user", "u"), 0)).Statuses[0].CurrentLimit.GetRequestsPerUnit()
+	}
 	write := func(content string) {
 		// A new modification time, even within the file system's clock tick.
 		path := filepath.Join(a.ConfigDir, "api.yaml")

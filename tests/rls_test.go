@@ -117,3 +117,54 @@ func TestRLSCaddy(t *testing.T) {
 	}
 	t.Logf("%d calls across the reload, none failed", calls)
 }
+
+// TestRLSZoneShared: a rule that names a rate_limit zone spends the zone's
+// bucket: Envoy's calls for an address and Caddy's requests from it count
+// against one limit.
+func TestRLSZoneShared(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	yaml := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {zone: api}\n"
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := redistest.FreePort(t)
+	site := fmt.Sprintf(`rate_limit {
+		redis {
+			address %s
+		}
+		zone api {
+			key {client_ip}
+			rate 4 1h
+		}
+	}
+	respond "ok"`, srv.Addr)
+	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), site)
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	// Two requests through Caddy from 127.0.0.1, two calls for it: the
+	// zone's 4 are spent, whichever way they came.
+	for i := range 2 {
+		if r := n.get("/"); r.Status != 200 {
+			t.Fatalf("request %d: %d", i, r.Status)
+		}
+		resp, err := rlsCall(client, 10*time.Second, "127.0.0.1")
+		if err != nil || resp.OverallCode.String() != "OK" {
+			t.Fatalf("call %d: %v %v", i, resp, err)
+		}
+		if cur := resp.Statuses[0].CurrentLimit; cur.GetRequestsPerUnit() != 4 || cur.GetUnit().String() != "HOUR" {
+			t.Fatalf("current_limit %v, want the zone's 4 per HOUR", cur)
+		}
+	}
+	if r := n.get("/"); r.Status != 429 {
+		t.Fatalf("a fifth request through Caddy: %d, want 429 (the RLS calls spent the zone)", r.Status)
+	}
+	resp, err := rlsCall(client, 10*time.Second, "127.0.0.1")
+	if err != nil || resp.OverallCode.String() != "OVER_LIMIT" {
+		t.Fatalf("a fifth call: %v %v, want OVER_LIMIT", resp, err)
+	}
+}
