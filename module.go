@@ -238,6 +238,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	opt.FleetSize = h.obs.FleetSize
 	h.limiter = limiter.New(store, opt)
 	h.live.Store(h.limiter)
+	h.publishZones() // for the Envoy rate limit service (LookupZone)
 	return nil
 }
 
@@ -359,6 +360,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases the stores; the last handler using one closes it.
 func (h *Handler) Cleanup() error {
+	h.withdrawZones()
 	var err error
 	if h.limiter != nil {
 		h.limiter.Close() // gives back prefetched spares while the store is open

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -93,6 +94,13 @@ type App struct {
 	// bounds the work a call can ask for. Default: 4096.
 	MaxEntryBytes int `json:"max_entry_bytes,omitempty"`
 
+	// ConfigRefreshInterval is how often the app looks for changes of
+	// ConfigDir's files; changed files are loaded again and their rules
+	// take over between two calls (rules that do not load are logged,
+	// with the file and line, and the previous ones stay), as
+	// envoyproxy/ratelimit follows its files. Default: 10s.
+	ConfigRefreshInterval caddy.Duration `json:"config_refresh_interval,omitempty"`
+
 	// GracePeriod is how long a stopping server (at a reload or at exit)
 	// lets the calls in flight finish before it closes their connections.
 	// Default: 5s.
@@ -104,6 +112,7 @@ type App struct {
 	limiter   *limiter.Limiter
 	service   *service
 	servers   []*server
+	watcher   *watcher
 }
 
 // CaddyModule returns the Caddy module information.
@@ -138,15 +147,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.logger.Warn("rate limit service configuration", zap.String("warning", w))
 	}
 	policy, _ := limiter.ParsePolicy(a.OnError) // validated
-	rules, err := compileRules(cfg, policy, a.FleetSize)
-	if err != nil {
-		return fmt.Errorf("config_dir: %w", err)
+	if err := zonesFirst(ctx, cfg); err != nil {
+		return err
 	}
 	a.store, err = fleetlimit.ProvisionStore(a.Redis, fleetlimit.StoreOptions{
-		Local: policy == limiter.PolicyLocal, MaxKeys: a.MaxKeys, Log: a.logger,
+		Local: a.Redis != nil, MaxKeys: a.MaxKeys, Log: a.logger,
 	})
 	if err != nil {
 		return err
+	}
+	rules, err := compileRules(cfg, policy, a.FleetSize, a.store.Store)
+	if err != nil {
+		return fmt.Errorf("config_dir: %w", err)
 	}
 	opt := limiter.Options{Log: a.logger, Local: a.store.Local}
 	if a.Redis != nil {
@@ -154,8 +166,26 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.limiter = limiter.New(a.store.Store, opt)
 	a.service = newService(rules, a.limiter, a.bounds(), a.logger)
+	every := time.Duration(a.ConfigRefreshInterval)
+	if every == 0 {
+		every = defaultRefreshInterval
+	}
+	a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
+		store: a.store.Store, service: a.service, logger: a.logger}
 	a.logger.Info("rate limit service configured",
 		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
+	return nil
+}
+
+// zonesFirst provisions Caddy's http app, whose rate_limit handlers
+// publish their zones, before the rules that name a zone look it up.
+func zonesFirst(ctx caddy.Context, cfg *config.Config) error {
+	if !slices.ContainsFunc(cfg.Limits(), func(l *config.Limit) bool { return l.Zone != "" }) {
+		return nil
+	}
+	if _, err := ctx.AppIfConfigured("http"); err != nil && !errors.Is(err, caddy.ErrNotConfigured) {
+		return err
+	}
 	return nil
 }
 
@@ -168,8 +198,8 @@ func (a *App) Validate() error {
 		return limiter.ErrBadFleetSize
 	case a.MaxKeys < 0 || a.MaxDescriptors < 0 || a.MaxEntries < 0 || a.MaxEntryBytes < 0:
 		return errors.New("max_keys, max_descriptors, max_entries and max_entry_bytes must not be negative")
-	case a.GracePeriod < 0:
-		return errors.New("grace_period must not be negative")
+	case a.GracePeriod < 0 || a.ConfigRefreshInterval < 0:
+		return errors.New("grace_period and config_refresh_interval must not be negative")
 	}
 	if _, err := limiter.ParsePolicy(a.OnError); err != nil {
 		return fmt.Errorf("on_error must be local, deny or allow, got %q", a.OnError)
@@ -190,8 +220,9 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start opens the listeners and serves on them.
+// Start opens the listeners, serves on them and watches ConfigDir.
 func (a *App) Start() error {
+	a.watcher.start()
 	addrs, _ := a.addresses() // validated
 	for _, addr := range addrs {
 		srv, err := a.startServer(addr)
@@ -204,10 +235,14 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop stops the servers: each stops accepting, tells its clients to go
-// (HTTP/2 GOAWAY), and lets the calls in flight finish for at most
-// GracePeriod.
+// Stop stops watching ConfigDir and stops the servers: each stops
+// accepting, tells its clients to go (HTTP/2 GOAWAY), and lets the calls in
+// flight finish for at most GracePeriod.
 func (a *App) Stop() error {
+	if a.watcher != nil && a.watcher.stop != nil {
+		a.watcher.close()
+		a.watcher.stop = nil
+	}
 	grace := time.Duration(a.GracePeriod)
 	if grace == 0 {
 		grace = defaultGracePeriod

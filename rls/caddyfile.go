@@ -36,6 +36,7 @@ func init() {
 //	        max_descriptors <n>
 //	        max_entries <n>
 //	        max_entry_bytes <n>
+//	        config_refresh_interval <duration>
 //	        grace_period <duration>
 //	    }
 //	}
@@ -115,17 +116,21 @@ func (a *App) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 			return d.Errf("rate_limit_rls fleet_size must be a positive whole number, got %q", arg)
 		}
 		a.FleetSize = n
-	case "grace_period":
+	case "grace_period", "config_refresh_interval":
 		dur, err := caddy.ParseDuration(arg)
 		if err != nil || dur < 0 {
-			return d.Errf("rate_limit_rls grace_period must be a duration, got %q", arg)
+			return d.Errf("rate_limit_rls %s must be a duration, got %q", sub, arg)
 		}
-		a.GracePeriod = caddy.Duration(dur)
+		if sub == "grace_period" {
+			a.GracePeriod = caddy.Duration(dur)
+		} else {
+			a.ConfigRefreshInterval = caddy.Duration(dur)
+		}
 	default:
 		field, ok := counts[sub]
 		if !ok {
 			return d.Errf("unknown rate_limit_rls setting %q (want listen, config_dir, redis, tls, on_error, fleet_size, "+
-				"max_keys, max_descriptors, max_entries, max_entry_bytes or grace_period)", sub)
+				"max_keys, max_descriptors, max_entries, max_entry_bytes, config_refresh_interval or grace_period)", sub)
 		}
 		n, err := strconv.Atoi(arg)
 		if err != nil || n < 0 {

@@ -82,12 +82,22 @@ func (c *call) plan(rs *rules, req *rlsv3.RateLimitRequest) error {
 			it.rule = r
 			if r.lim != nil {
 				c.entries = entriesOf(c.entries[:0], req.Descriptors[i])
-				it.req = c.request(r, clientKey(l, c.entries, c.key[:0]), it.hits, req.Descriptors[i].GetIsNegativeHits())
+				it.req = c.request(r, c.bucketKey(r, l), it.hits, req.Descriptors[i].GetIsNegativeHits())
 			}
 		}
 		c.items = append(c.items, it)
 	}
 	return nil
+}
+
+// bucketKey returns the key of the bucket that c.entries, which matched
+// limit l, spend: for a rule with a zone, the zone's key of the last
+// entry's value (the client: remote_address, say), else the entries'.
+func (c *call) bucketKey(r *rule, l *config.Limit) string {
+	if r.zoneKey != nil {
+		return r.zoneKey(c.entries[len(c.entries)-1].Value)
+	}
+	return clientKey(l, c.entries, c.key[:0])
 }
 
 // ruleOf returns the compiled rule of a limit: the configuration's, or a

@@ -3,10 +3,13 @@ package rls
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	fleetlimit "github.com/fleetlimit/caddy-fleetlimit"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
@@ -21,6 +24,9 @@ type rule struct {
 	// current is the current_limit of the rule's statuses: shared by
 	// every response, never changed. Nil for an unlimited rule.
 	current *rlsv3.RateLimitResponse_RateLimit
+	// zoneKey, for a rule that spends a rate_limit zone's buckets, is
+	// the zone's bucket key of a value; nil for the others.
+	zoneKey func(value string) string
 }
 
 // never reports whether the rule admits nothing (0 requests per unit).
@@ -38,6 +44,8 @@ type rules struct {
 	byLimit   map[*config.Limit]*rule
 	policy    limiter.Policy
 	fleetSize int64
+	// store is the service's store: a zone's buckets must live there.
+	store limiter.Store
 
 	mu        sync.Mutex
 	overrides map[overrideKey]*rule
@@ -56,10 +64,11 @@ type overrideKey struct {
 const maxOverrides = 1024
 
 // compileRules compiles every rule of cfg with the failure policy and the
-// fleet size of its local fallback buckets.
-func compileRules(cfg *config.Config, policy limiter.Policy, fleetSize int64) (*rules, error) {
+// fleet size of its local fallback buckets; a rule with a zone takes the
+// zone's rule, which must keep its buckets in store.
+func compileRules(cfg *config.Config, policy limiter.Policy, fleetSize int64, store limiter.Store) (*rules, error) {
 	rs := &rules{cfg: cfg, byLimit: make(map[*config.Limit]*rule), policy: policy, fleetSize: fleetSize,
-		overrides: make(map[overrideKey]*rule)}
+		store: store, overrides: make(map[overrideKey]*rule)}
 	for _, l := range cfg.Limits() {
 		r, err := rs.compile(l)
 		if err != nil {
@@ -77,7 +86,7 @@ func (rs *rules) compile(l *config.Limit) (*rule, error) {
 	case l.Unlimited:
 		return r, nil
 	case l.Zone != "":
-		return nil, fmt.Errorf("zone %q: a rule that spends a rate_limit zone's bucket is not supported yet", l.Zone)
+		return rs.zoneRule(l)
 	}
 	r.current = &rlsv3.RateLimitResponse_RateLimit{
 		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
@@ -106,6 +115,42 @@ func (rs *rules) compile(l *config.Limit) (*rule, error) {
 	}
 	r.lim = lim
 	return r, nil
+}
+
+// zoneRule returns the rule of a limit that spends a rate_limit zone's
+// buckets: the zone's own rule, its policy and all, on the zone's keys.
+func (rs *rules) zoneRule(l *config.Limit) (*rule, error) {
+	if l.ShadowMode || l.QuotaMode {
+		return nil, fmt.Errorf("zone %q: a rule with a zone decides as the zone does; shadow_mode and quota_mode do not apply (give the zone dry_run)", l.Zone)
+	}
+	z, err := fleetlimit.LookupZone(l.Zone)
+	if err != nil {
+		return nil, err
+	}
+	if z.Store != rs.store {
+		return nil, fmt.Errorf("rate_limit zone %q keeps its buckets in another store than this service: "+
+			"give rate_limit_rls the zone's redis settings (or, for the memory store, none)", l.Zone)
+	}
+	return &rule{limit: l, lim: z.Rule, zoneKey: z.Key, current: currentLimit(l.Name, z.Rule)}, nil
+}
+
+// currentLimit is the current_limit of a zone's rule: its rate per its
+// period, in the largest unit that divides the period, with the multiplier
+// that makes it (10 per 30s: 10 per 30 SECOND).
+func currentLimit(name string, r *limiter.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	cur := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(r.Rate(), math.MaxUint32))}
+	for _, u := range []config.Unit{config.UnitYear, config.UnitMonth, config.UnitWeek, config.UnitDay,
+		config.UnitHour, config.UnitMinute, config.UnitSecond} {
+		if per := r.Per(); per >= u.Duration() && per%u.Duration() == 0 {
+			cur.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(u)
+			if n := per / u.Duration(); n > 1 {
+				cur.UnitMultiplier = wrapperspb.UInt32(uint32(min(n, math.MaxUint32)))
+			}
+			return cur
+		}
+	}
+	cur.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND // under a second: 1 SECOND, rounded up
+	return cur
 }
 
 // of returns the compiled rule of a limit that Match returned.

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -15,10 +16,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
-// service answers ShouldRateLimit from one configuration's rules.
+// service answers ShouldRateLimit from the rules of one configuration
+// directory, replaced when its files change (see watcher).
 type service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	rules   *rules
+	rules   atomic.Pointer[rules]
 	limiter *limiter.Limiter
 	bounds  bounds
 	logger  *zap.Logger
@@ -26,7 +28,9 @@ type service struct {
 
 // newService returns the service of rules, deciding through l.
 func newService(rs *rules, l *limiter.Limiter, b bounds, log *zap.Logger) *service {
-	return &service{rules: rs, limiter: l, bounds: b, logger: log}
+	s := &service{limiter: l, bounds: b, logger: log}
+	s.rules.Store(rs)
+	return s
 }
 
 // callPool recycles the scratch space of calls.
@@ -43,12 +47,13 @@ func (s *service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err := s.bounds.check(req); err != nil {
 		return nil, err
 	}
-	if !s.rules.cfg.HasDomain(req.GetDomain()) {
+	rs := s.rules.Load()
+	if !rs.cfg.HasDomain(req.GetDomain()) {
 		return unmatched(len(req.GetDescriptors())), nil // as the reference: no rule, OK
 	}
 	c := callPool.Get().(*call)
 	defer c.release()
-	if err := c.plan(s.rules, req); err != nil {
+	if err := c.plan(rs, req); err != nil {
 		return nil, err
 	}
 	dctx, cancel := decisionContext(ctx)

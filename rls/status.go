@@ -103,13 +103,16 @@ func untilReset(it item, res *limiter.Result) time.Duration {
 	return windowLeft(it, time.Now())
 }
 
-// windowLeft is what is left at now of the rule's fixed window of one
-// unit, the windows starting at multiples of the unit since the Unix epoch
-// (this node's clock: the store's is not at hand).
+// windowLeft is what is left at now of the rule's fixed window (one
+// unit, or a zone's period), the windows starting at its multiples since
+// the Unix epoch (this node's clock: the store's is not at hand).
 func windowLeft(it item, now time.Time) time.Duration {
-	unit := it.rule.limit.Unit.Duration()
-	if unit <= 0 {
+	w := it.rule.limit.Unit.Duration()
+	if it.rule.lim != nil {
+		w = it.rule.lim.Per()
+	}
+	if w <= 0 {
 		return 0
 	}
-	return unit - time.Duration(now.UnixNano())%unit
+	return w - time.Duration(now.UnixNano())%w
 }
