@@ -52,14 +52,14 @@ func floodRedis(t *testing.T, s *RedisStore, r *Rule, n int) (errs map[string]in
 	return errs, hot.Load()
 }
 
-// TestRedisKeyFloodVolatileTTL floods a Redis of maxmemory 20mb under
-// maxmemory-policy volatile-ttl with 300,000 new keys of a zone of 100 per
-// 24h (each bucket then lives 864 s): Redis evicts the buckets closest to
-// full, no decision fails, and a drained hot key (24 h from full) stays
-// exact throughout.
+// TestRedisKeyFloodVolatileTTL floods a Redis of maxmemory 8mb under
+// maxmemory-policy volatile-ttl with 120,000 new keys of a zone of 100 per
+// 24h (each bucket then lives 864 s; about 16 MB of buckets): Redis evicts
+// the buckets closest to full, no decision fails, and a drained hot key
+// (24 h from full) stays exact throughout.
 func TestRedisKeyFloodVolatileTTL(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t, "--maxmemory", "20mb", "--maxmemory-policy", "volatile-ttl")
+	srv := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl")
 	s := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 5 * time.Second})
 	r := mustRule(t, "flood", 100, 24*time.Hour, 100)
 	for i := range 100 {
@@ -67,7 +67,7 @@ func TestRedisKeyFloodVolatileTTL(t *testing.T) {
 			t.Fatalf("hot key request %d denied within its burst", i)
 		}
 	}
-	const n = 300_000
+	const n = 120_000
 	errs, hot := floodRedis(t, s, r, n)
 	if len(errs) > 0 {
 		t.Fatalf("store errors under volatile-ttl: %v", errs)
@@ -80,19 +80,19 @@ func TestRedisKeyFloodVolatileTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if m.EvictedKeys == 0 {
-		t.Fatalf("%d keys in 20mb and nothing evicted: %+v", n, m)
+		t.Fatalf("%d keys in 8mb and nothing evicted: %+v", n, m)
 	}
 	t.Logf("%d new keys: %d evicted, used_memory %.1f MB of %.1f MB; hot key admitted 0 times after its burst",
 		n, m.EvictedKeys, float64(m.UsedMemory)/1e6, float64(m.MaxMemory)/1e6)
 }
 
-// TestRedisKeyFloodNoEviction floods a Redis of maxmemory 20mb under
-// noeviction: the store warns at start that the policy lets buckets fill
+// TestRedisKeyFloodNoEviction floods a Redis of maxmemory 8mb under
+// noeviction with 120,000 new keys: the store warns at start that the policy lets buckets fill
 // Redis, and once full the script calls fail with OOM, which IsOOM tells
 // apart.
 func TestRedisKeyFloodNoEviction(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t, "--maxmemory", "20mb", "--maxmemory-policy", "noeviction")
+	srv := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
 	core, logs := observer.New(zap.InfoLevel)
 	s := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 5 * time.Second, Log: zap.New(core), BreakerFailures: 1 << 30})
 	deadline := time.Now().Add(10 * time.Second)
@@ -107,7 +107,8 @@ func TestRedisKeyFloodNoEviction(t *testing.T) {
 		t.Fatalf("the warning does not name the policy: %q %v", warn.Message, warn.ContextMap())
 	}
 	r := mustRule(t, "flood", 100, 24*time.Hour, 100)
-	errs, _ := floodRedis(t, s, r, 300_000)
+	const n = 120_000
+	errs, _ := floodRedis(t, s, r, n)
 	oom := 0
 	for msg, c := range errs {
 		if IsOOM(errString(msg)) {
@@ -115,7 +116,7 @@ func TestRedisKeyFloodNoEviction(t *testing.T) {
 		}
 	}
 	if oom == 0 {
-		t.Fatalf("300,000 keys in 20mb under noeviction and no OOM error: %v", errs)
+		t.Fatalf("%d keys in 8mb under noeviction and no OOM error: %v", n, errs)
 	}
 	t.Logf("OOM errors: %d", oom)
 }

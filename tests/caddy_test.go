@@ -6,30 +6,49 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// caddyBin is the Caddy binary built once for the whole test run.
-var caddyBin string
+// caddyBin is the Caddy binary built once for the whole test run, in
+// binDir.
+var caddyBin, binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fleetlimit-tests-")
+	var err error
+	binDir, err = os.MkdirTemp("", "fleetlimit-tests-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	caddyBin, err = localfleet.BuildCaddy(dir)
+	caddyBin, err = localfleet.BuildCaddy(binDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(binDir)
 	os.Exit(code)
 }
+
+// skewedCaddy returns Caddy built with the test hook that shifts the
+// node's clock by FLEETLIMIT_CLOCK_SKEW, built once for the tests that
+// need it.
+func skewedCaddy(t *testing.T) string {
+	t.Helper()
+	bin, err := buildSkewedCaddy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+var buildSkewedCaddy = sync.OnceValues(func() (string, error) {
+	return localfleet.BuildCaddy(binDir, "fleetlimit_clockskew")
+})
 
 // node is a Caddy process bound to the test that started it.
 type node struct {

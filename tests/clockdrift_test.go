@@ -19,10 +19,7 @@ import (
 // Limiting does not notice: both still share one bucket.
 func TestClockDrift(t *testing.T) {
 	t.Parallel()
-	skewedBin, err := localfleet.BuildCaddy(t.TempDir(), "fleetlimit_clockskew")
-	if err != nil {
-		t.Fatal(err)
-	}
+	skewedBin := skewedCaddy(t)
 	r := redistest.Start(t)
 	site := fmt.Sprintf(`
 	rate_limit {

@@ -243,10 +243,7 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 // node that is ahead a full bucket on every request.
 func TestFleetClockSkew(t *testing.T) {
 	t.Parallel()
-	skewed, err := localfleet.BuildCaddy(t.TempDir(), "fleetlimit_clockskew")
-	if err != nil {
-		t.Fatal(err)
-	}
+	skewed := skewedCaddy(t)
 	r := redistest.Start(t)
 	sc := localfleet.Exactness(redisBlock(r))
 	var nodes [3]*localfleet.Node
