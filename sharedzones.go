@@ -70,6 +70,9 @@ func (h *Handler) withdrawZones() {
 	sharedZones.mu.Lock()
 	defer sharedZones.mu.Unlock()
 	for _, z := range h.Zones {
+		if z == nil { // a JSON null zone, refused by Provision
+			continue
+		}
 		left := slices.DeleteFunc(sharedZones.m[z.Name], func(s sharedZone) bool { return s.owner == h })
 		if len(left) == 0 {
 			delete(sharedZones.m, z.Name)

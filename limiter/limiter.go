@@ -236,7 +236,7 @@ type Limiter struct {
 	// charged to the store when it returns (outage.go).
 	out outage
 	// storeUp reports whether the store's last call decided (the
-	// charges wait for it).
+	// charges wait for it); true from New, as no call has failed yet.
 	storeUp atomic.Bool
 	// resets are the keys reset lately (keys.go).
 	resets keyResets
@@ -253,6 +253,9 @@ func New(store Store, opt Options) *Limiter {
 		opt.Log = zap.NewNop()
 	}
 	l := &Limiter{store: store, cache: opt.Cache, local: opt.Local, log: opt.Log, obs: opt.Observer, fleet: opt.FleetSize}
+	// Up until a call fails: a node that starts has nothing to charge,
+	// and its first requests go to the store, not to local buckets.
+	l.storeUp.Store(true)
 	l.watchBans()   // bans.go
 	l.watchResets() // keys.go
 	l.stopFleet = make(chan struct{})
