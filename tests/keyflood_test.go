@@ -173,7 +173,7 @@ func runKeyFlood(t *testing.T, c floodCase, rssBound float64) *node {
 	return n
 }
 
-// TestKeyFloodMemoryStore floods a node on the memory store with 3 million
+// TestKeyFloodMemoryStore floods a node on the memory store with 1 million
 // new keys and max_keys 200000. The bound on its memory: the buckets take
 // at most about 100 B of heap each (TestMemoryBytesPerKey), the garbage
 // collector lets the heap grow to twice what is live (GOGC 100), and a
@@ -183,7 +183,7 @@ func runKeyFlood(t *testing.T, c floodCase, rssBound float64) *node {
 func TestKeyFloodMemoryStore(t *testing.T) {
 	// Not parallel: it measures memory and uses both CPUs for a minute.
 	const maxKeys = 200_000
-	c := floodCase{keys: floodKeys(3_000_000), maxKeys: maxKeys}
+	c := floodCase{keys: floodKeys(1_000_000), maxKeys: maxKeys}
 	n := runKeyFlood(t, c, maxKeys*100*2/1e6+60)
 	m, err := n.Metrics()
 	if err != nil {
@@ -196,16 +196,16 @@ func TestKeyFloodMemoryStore(t *testing.T) {
 	}
 }
 
-// TestKeyFloodRedisStore floods a node on a Redis of maxmemory 20mb under
-// volatile-ttl with 300,000 new keys (about 40 MB of buckets): no decision
+// TestKeyFloodRedisStore floods a node on a Redis of maxmemory 10mb under
+// volatile-ttl with 150,000 new keys (about 20 MB of buckets): no decision
 // fails for want of memory (no oom, no breaker opening; a rare timeout of a
 // machine busy with the flood is tolerated, at most 0.1%), the hot key stays
 // exact (Redis evicts the buckets closest to full), and the node's own
 // memory stays bounded (its deny cache is).
 func TestKeyFloodRedisStore(t *testing.T) {
 	// Not parallel: it measures memory and uses both CPUs.
-	r := redistest.Start(t, "--maxmemory", "20mb", "--maxmemory-policy", "volatile-ttl")
-	c := floodCase{redis: fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr), keys: floodKeys(300_000)}
+	r := redistest.Start(t, "--maxmemory", "10mb", "--maxmemory-policy", "volatile-ttl")
+	c := floodCase{redis: fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr), keys: floodKeys(150_000)}
 	n := runKeyFlood(t, c, 60)
 	m, err := n.Metrics()
 	if err != nil {

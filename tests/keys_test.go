@@ -405,6 +405,7 @@ const longKeySite = `
 // A body over 1 MiB is refused; the site's header limit refuses the long
 // key in a query.
 func TestKeyLookupLongKey(t *testing.T) {
+	t.Parallel()
 	stores(t, func(t *testing.T, redisBlock string) {
 		n := startCaddy(t, "", fmt.Sprintf(longKeySite, digestSecret, redisBlock))
 		jwt := "Bearer " + strings.Repeat("eyJzdWIiOiIxMjM0NTY3ODkwIiwicm9sZSI6ImFkbWluIn0", 18) + ".sig-_" // 900 bytes

@@ -52,6 +52,7 @@ func rlsCall(client rlsv3.RateLimitServiceClient, deadline time.Duration, ip str
 // reload (a new limit) neither drops a call in flight nor keeps the old
 // limit.
 func TestRLSCaddy(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	rlsRules(t, dir, 3)
@@ -122,6 +123,7 @@ func TestRLSCaddy(t *testing.T) {
 // bucket: Envoy's calls for an address and Caddy's requests from it count
 // against one limit.
 func TestRLSZoneShared(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	yaml := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {zone: api}\n"

@@ -21,6 +21,7 @@ var overallCode = regexp.MustCompile(`overall_code:\s*(\w+)`)
 // rate_limit_rls app: a client nobody here wrote. With a limit of 2 a
 // minute, its first two calls are OK and its third OVER_LIMIT.
 func TestReferenceClientAgainstRLS(t *testing.T) {
+	t.Parallel()
 	client, err := localfleet.BuildReference(t.TempDir(), "client_cmd")
 	if err != nil {
 		t.Fatal(err)
