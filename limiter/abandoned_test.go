@@ -9,15 +9,15 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
-// TestAbandonedChargesGivenBack stalls Redis (DEBUG SLEEP 0.3) under a
+// TestAbandonedChargesRefunded stalls Redis (DEBUG SLEEP 0.3) under a
 // concurrency zone of limit 4 whose requests give up after the store's
 // timeout and take the local fallback: the charges Redis makes when it
-// runs their abandoned batches late are given back by the pipeline
+// runs their abandoned batches late are refunded by the pipeline
 // worker, so that within a second of the stall's end no slot is held in
 // Redis that no request holds (they used to stay for the whole lease).
 // The Cluster path is checked the same way, with a request of two zones
 // on two slots.
-func TestAbandonedChargesGivenBack(t *testing.T) {
+func TestAbandonedChargesRefunded(t *testing.T) {
 	t.Parallel()
 	t.Run("single", func(t *testing.T) {
 		t.Parallel()
@@ -41,7 +41,7 @@ func TestAbandonedChargesGivenBack(t *testing.T) {
 			wg.Wait()
 		}
 		checkAbandoned(t, rs, kill, func(key string) string { n, _ := srv.Do("ZCARD", key); return n })
-		if rs.releasesSent.Load() == 0 {
+		if rs.slotRefundsSent.Load() == 0 {
 			t.Log("no reply was lost this time: the kill came between batches")
 		}
 	})
@@ -130,8 +130,8 @@ func checkAbandoned(t *testing.T, rs *RedisStore, stall func(), held func(key st
 				break
 			}
 			if time.Since(ended) > time.Second {
-				t.Fatalf("%s: %s slots held in Redis a second after the last request ended, want 0 (abandoned charges kept; %d given back, %d slot releases)",
-					r.Name(), n, rs.GivenBack(), rs.releasesSent.Load())
+				t.Fatalf("%s: %s slots held in Redis a second after the last request ended, want 0 (abandoned charges kept; %d refunded, %d slot refunds)",
+					r.Name(), n, rs.AbandonedRefunded(), rs.slotRefundsSent.Load())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

@@ -33,7 +33,7 @@ const (
 	LeakyBucket
 	// Concurrency: at most Rate requests of a key in flight at once, across
 	// the fleet. A request holds a slot from its admission until the
-	// limiter is told it ended (Limiter.Release); a slot whose node died
+	// limiter is told it ended (Limiter.Refund); a slot whose node died
 	// is freed after the rule's lease.
 	Concurrency
 	// Quota: at most Rate per calendar period (RuleConfig.Period, in
@@ -286,7 +286,7 @@ func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 	case SlidingWindow:
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
 	case Concurrency:
-		return State(v.slots + cost), math.MaxInt64 // held until released
+		return State(v.slots + cost), math.MaxInt64 // held until refunded
 	case Quota:
 		return r.quotaCommit(v, now, cost)
 	}

@@ -11,7 +11,7 @@ import (
 
 // TestNoGoroutineOutlivesClose: a limiter on a Redis store with every
 // background task started (pipeline workers, the ban channel's subscriber,
-// prefetch's sweeper, a spare given back, a memory store's sweeper for the
+// prefetch's sweeper, a spare refunded, a memory store's sweeper for the
 // fallback) leaves no goroutine behind once the limiter and its stores are
 // closed.
 func TestNoGoroutineOutlivesClose(t *testing.T) {

@@ -1,6 +1,10 @@
 package limiter
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,4 +56,26 @@ func (r *Rule) slotsResult(v verdict, charged bool, cost int64) Result {
 		res.RetryAfter = slotRetry
 	}
 	return res
+}
+
+// slotNamer names the concurrency slots of one limiter: a random prefix,
+// so that no two nodes (or two configurations of one node) name a slot
+// alike, and a counter.
+type slotNamer struct {
+	prefix atomic.Pointer[string]
+	n      atomic.Uint64
+}
+
+// next returns a new slot id.
+func (s *slotNamer) next() string {
+	p := s.prefix.Load()
+	if p == nil {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		v := hex.EncodeToString(b[:]) + ":"
+		s.prefix.CompareAndSwap(nil, &v)
+		p = s.prefix.Load()
+	}
+	var buf [48]byte
+	return string(strconv.AppendUint(append(buf[:0], *p...), s.n.Add(1), 36))
 }

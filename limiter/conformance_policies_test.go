@@ -20,7 +20,7 @@ import (
 // through the Lua script and the memory store on one controlled clock:
 // every algorithm (concurrency included), reserves, dry-run zones, bans
 // (dry-run bans too), requests of several zones, and refunds at random
-// later times (concurrency slots released, charges given back, also after
+// later times (concurrency slots released, charges refunded, also after
 // their window turned). Every decision and every Result field must be the
 // same, and so must what the buckets and bans count.
 func TestPoliciesRedisMatchesMemory(t *testing.T) {
@@ -77,7 +77,7 @@ func policyRules(t testing.TB) []*Rule {
 	}
 }
 
-// pendingRefund is what a trace gives back later: zones of an admitted
+// pendingRefund is what a trace refunds later: zones of an admitted
 // request (its concurrency slots, and the charges that its response does
 // not count), with Decide's results for them, due at microsecond due.
 type pendingRefund struct {
@@ -233,7 +233,7 @@ func (p *policyTrace) schedule(reqs []Request, results []Result) {
 	p.pending = append(p.pending, pr)
 }
 
-// refundDue gives back, in both stores and in the order they were
+// refundDue refunds, in both stores and in the order they were
 // scheduled, the refunds due by now.
 func (p *policyTrace) refundDue(ctx context.Context, n int) {
 	t := p.t

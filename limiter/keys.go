@@ -136,7 +136,7 @@ func (l *Limiter) watchResets() {
 
 // forgetKey forgets what the limiter holds of key in buckets, which a reset
 // made full again: its deny cache's denial and last state, its spares
-// (dropped, not given back: the bucket that was charged for them is gone),
+// (dropped, not refunded: the bucket that was charged for them is gone),
 // its quotas' seeds and its local fallback buckets. A decision sent before
 // the reset that comes back after it teaches neither the cache nor the
 // spares.

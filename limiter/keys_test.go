@@ -132,7 +132,7 @@ func toAny(s []string) []any {
 
 // TestResetKeyMemory: a drained key is full again after ResetKey, with its
 // ban and concurrency slots kept, and other keys untouched; the limiter's
-// spares of the key are dropped, not given back.
+// spares of the key are dropped, not refunded.
 func TestResetKeyMemory(t *testing.T) {
 	t.Parallel()
 	clk := newTestClock(epoch)
@@ -186,7 +186,7 @@ func TestResetKeyMemory(t *testing.T) {
 		t.Errorf("key b, not reset, admitted %d, want 0", got)
 	}
 	if returned := l.PrefetchStats(pf).Returned; returned != 0 {
-		t.Errorf("%d spares were given back; a reset drops them", returned)
+		t.Errorf("%d spares were refunded; a reset drops them", returned)
 	}
 }
 

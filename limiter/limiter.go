@@ -108,7 +108,7 @@ type Store interface {
 	// zone admits, or none otherwise. It reports whether the request
 	// was admitted. On error the results are undefined.
 	Decide(ctx context.Context, reqs []Request, results []Result) (bool, error)
-	// Refund gives back what Decide charged the zones of reqs (results
+	// Refund refunds what Decide charged the zones of reqs (results
 	// are what Decide returned for them): a charge that a zone does not
 	// count after all, or a concurrency zone's slot when its request
 	// ends. A zone whose result is DryRun was not charged and gets

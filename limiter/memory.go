@@ -222,9 +222,9 @@ func (s *MemoryStore) commit(sh *shard, id bucketID, r *Rule, v verdict, now, co
 	sh.m.put(id, memEntry{state: st, expires: exp})
 }
 
-// Refund implements Store: it gives back what Decide charged the zones of
+// Refund implements Store: it refunds what Decide charged the zones of
 // reqs, which results (Decide's) says were charged at which time. A
-// window gives back only what the window that counted the charge still
+// window refunds only what the window that counted the charge still
 // counts; a concurrency zone frees the request's slot. A dry-run zone that
 // would have denied was not charged: it gets nothing back.
 func (s *MemoryStore) Refund(_ context.Context, reqs []Request, results []Result) error {
@@ -286,7 +286,7 @@ func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
 // would have been full again soonest among those sampled, that is the one
 // that lacks the least time of refill; a bucket that a client keeps
 // draining (a limited hot key) is far from full and is not chosen while
-// fresher ones are there. A concurrency key's slots, held until released,
+// fresher ones are there. A concurrency key's slots, held until refunded,
 // are never full: they are taken only when the sample holds nothing else
 // (the key's client may then have more requests in flight).
 func (sh *shard) evict(now int64) (zone uint32, lost, ok bool) {

@@ -15,7 +15,7 @@ type Observer interface {
 	// asking the store; rule is the zone whose cached bucket denied it.
 	CacheDenied(rule *Rule)
 	// Refunded reports a zone's refund (Limiter.Refund: a count_status
-	// charge given back, a concurrency slot released): err is nil when
+	// charge refunded, a concurrency slot refunded): err is nil when
 	// the store applied it, else why it was dropped.
 	Refunded(rule *Rule, err error)
 }

@@ -77,7 +77,7 @@ func TestConcurrencyLeaseFreesDeadNodeSlots(t *testing.T) {
 // request whose zones sit on different slots (a concurrency zone, a zone
 // with a ban, a refundable fixed window) is decided by one script call per
 // slot, and the slots that admitted are refunded when another denied,
-// each with its charge's time, so that a window gives back only its own
+// each with its charge's time, so that a window refunds only its own
 // charge; results are the memory store's, decision by decision, and so
 // are they on a random trace of every policy whose zones take keys of
 // their own.

@@ -66,7 +66,7 @@ func decideTimes(t testing.TB, s Store, n int, reqs ...Request) [][]Result {
 	return charged
 }
 
-// refund gives back the charges of zones reqs, decided with results, and
+// refund refunds the charges of zones reqs, decided with results, and
 // fails the test on a store error.
 func refund(t testing.TB, s Store, reqs []Request, results []Result) {
 	t.Helper()
@@ -637,7 +637,7 @@ func TestRefundFixedWindow(t *testing.T) {
 // TestRefundSlidingWindow: a refund takes the charge off the window that
 // counted it: the current one, or the previous one (whose weight the
 // estimate still carries) after the window turned; a charge two windows
-// old is not given back.
+// old is not refunded.
 func TestRefundSlidingWindow(t *testing.T) {
 	t.Parallel()
 	w := 10 * time.Second

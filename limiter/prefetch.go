@@ -134,7 +134,7 @@ type spare struct {
 	pause time.Time
 }
 
-// spares holds a limiter's prefetched tokens and gives back the unused
+// spares holds a limiter's prefetched tokens and refunds the unused
 // ones.
 type spares struct {
 	mu sync.Mutex
@@ -148,7 +148,7 @@ type spares struct {
 	done    chan struct{}
 }
 
-// newSpares returns an empty holder whose sweeper gives back expired
+// newSpares returns an empty holder whose sweeper refunds expired
 // spares through l every tick.
 func newSpares(l *Limiter, tick time.Duration) *spares {
 	s := &spares{m: make(map[spareKey]*spare), stats: make(map[*Rule]*prefetchCounts),
@@ -350,7 +350,7 @@ func (s *spares) keep(reqs []Request, results []Result, now time.Time, stale fun
 	return back
 }
 
-// drop forgets a key's spares without giving them back (keys.go: the key
+// drop forgets a key's spares without refunding them (keys.go: the key
 // was reset, and the bucket charged for them with it).
 func (s *spares) drop(k spareKey) {
 	s.mu.Lock()
@@ -378,8 +378,8 @@ func (s *spares) expired(now time.Time) []*spare {
 	return out
 }
 
-// giveBack refunds unused spares to the store.
-func (l *Limiter) giveBack(list []*spare) {
+// refundSpares refunds unused spares to the store.
+func (l *Limiter) refundSpares(list []*spare) {
 	for _, sp := range list {
 		req := []Request{{Rule: sp.rule, Key: sp.key, Cost: sp.n}}
 		res := []Result{{Allowed: true, at: sp.at}}
@@ -395,7 +395,7 @@ func (l *Limiter) giveBack(list []*spare) {
 	}
 }
 
-// sweeper gives back expired spares every tick, and all of them when the
+// sweeper refunds expired spares every tick, and all of them when the
 // holder stops.
 func (s *spares) sweeper(l *Limiter, tick time.Duration) {
 	defer close(s.done)
@@ -404,17 +404,17 @@ func (s *spares) sweeper(l *Limiter, tick time.Duration) {
 	for {
 		select {
 		case <-s.stop:
-			l.giveBack(s.expired(time.Time{}))
+			l.refundSpares(s.expired(time.Time{}))
 			return
 		case now := <-t.C:
 			if list := s.expired(now); len(list) > 0 {
-				l.giveBack(list)
+				l.refundSpares(list)
 			}
 		}
 	}
 }
 
-// Close gives back the spares this limiter holds and stops its
+// Close refunds the spares this limiter holds and stops its
 // background work. Decisions must not be made after it.
 func (l *Limiter) Close() {
 	l.closeOnce.Do(func() {
@@ -438,14 +438,14 @@ func (l *Limiter) Close() {
 const prefetchTick = 20 * time.Millisecond
 
 // keepSpares keeps the spares an admitted decision took, starting the
-// holder on the first ones. After Close it gives them back at once.
+// holder on the first ones. After Close it refunds them at once.
 func (l *Limiter) keepSpares(reqs []Request, results []Result, gen uint64) {
 	for i := range results {
 		if results[i].spares > 0 {
 			l.sparesMu.Lock()
 			if l.closed {
 				l.sparesMu.Unlock()
-				l.giveBack(takenSpares(reqs, results))
+				l.refundSpares(takenSpares(reqs, results))
 				return
 			}
 			sp := l.spares.Load()
@@ -486,7 +486,7 @@ func (l *Limiter) startSpares(reqs []Request) *spares {
 	return sp
 }
 
-// takenSpares lists the spares a decision took, to give them back.
+// takenSpares lists the spares a decision took, to refund them.
 func takenSpares(reqs []Request, results []Result) []*spare {
 	var list []*spare
 	for i := range results {
@@ -508,7 +508,7 @@ func (l *Limiter) staleSince(gen uint64) func(spareKey) bool {
 // background.
 func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result, gen uint64) {
 	if back := sp.keep(reqs, results, time.Now(), l.staleSince(gen)); len(back) > 0 {
-		go l.giveBack(back)
+		go l.refundSpares(back)
 	}
 }
 

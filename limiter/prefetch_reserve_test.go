@@ -135,7 +135,7 @@ func TestPrefetchSpareRefundedInItsWindow(t *testing.T) {
 			if _, err := store.Decide(context.Background(), []Request{{Rule: fw, Key: "k"}}, check); err != nil {
 				t.Fatal(err)
 			}
-			// Two admitted, one refunded, the spares given back: one used.
+			// Two admitted, one refunded, the spares refunded: one used.
 			if check[0].Remaining != 99 {
 				t.Fatalf("the window has %d left after two admitted and one refunded, want 99: the refund of the request admitted from spares was lost", check[0].Remaining)
 			}

@@ -15,7 +15,7 @@ type PrefetchStats struct {
 	// them that took fewer spares than they wanted (they start a pause).
 	Decisions uint64 `json:"decisions"`
 	Short     uint64 `json:"short"`
-	// Taken counts the spare tokens taken, Returned those given back
+	// Taken counts the spare tokens taken, Returned those refunded
 	// unused, in Refunds store calls.
 	Taken    uint64 `json:"taken"`
 	Returned uint64 `json:"returned"`

@@ -177,7 +177,7 @@ func (r *Rule) quotaResult(v verdict, charged bool, cost int64) Result {
 	return res
 }
 
-// quotaRefund gives back cost charged at microsecond at, if the period that
+// quotaRefund refunds cost charged at microsecond at, if the period that
 // counted it is still the current one.
 func (r *Rule) quotaRefund(e memEntry, now, cost, at int64) (State, int64, bool) {
 	start, end := r.periodAt(now)

@@ -158,7 +158,7 @@ func TestQuotaMemoryMonthEnd(t *testing.T) {
 // boundaries (a DST day's end, a month's end in Berlin and New York).
 type quotaStep struct {
 	at   string    // the clock, or "" to keep it
-	reqs []Request // nil: give back the previous step's charges instead
+	reqs []Request // nil: refund the previous step's charges instead
 }
 
 func quotaTrace(t testing.TB) []quotaStep {

@@ -167,14 +167,14 @@ type RedisStore struct {
 	// extended counts decisions that waited past the timeout because this
 	// node was starved, or Redis was answering slowly but answering.
 	extended atomic.Uint64
-	// givenBack counts abandoned decisions whose charges were given back
-	// (giveback.go).
-	givenBack atomic.Uint64
-	// releasesSent counts the slot releases of decisions whose replies
-	// were lost, and releases those waiting to be tried again
-	// (giveback.go).
-	releasesSent atomic.Uint64
-	releases     pendingReleases
+	// abandonedRefunded counts abandoned decisions whose charges were refunded
+	// (RedisStore.refundCall).
+	abandonedRefunded atomic.Uint64
+	// slotRefundsSent counts the slot refunds of decisions whose replies
+	// were lost, and slot refunds those waiting to be tried again
+	// (RedisStore.refundCall).
+	slotRefundsSent atomic.Uint64
+	slotRefunds     pendingSlotRefunds
 	// bans is the ban registry and the ban channel's subscriber
 	// (redisbans.go, redisunban.go).
 	bans *redisBans
@@ -461,7 +461,7 @@ func (s *RedisStore) decide(ctx context.Context, reqs []Request, results []Resul
 	}
 	// Once sent, the calls are waited for even if the client leaves (as
 	// decideOne does): Redis will run them, and a request that gave up
-	// would leave their charges (a concurrency slot, say) unreleased. The
+	// would leave their charges (a concurrency slot, say) unrefunded. The
 	// caller's deadline still ends the wait, as the timeout does.
 	base := context.WithoutCancel(ctx)
 	_, capped, failure := s.waitFor(ctx)
@@ -588,7 +588,7 @@ wait:
 	if gaveUp != nil {
 		token := s.failureToken(c.trip.Load()) // before the call may go back to the pool
 		if c.abandon() {
-			return false, token, gaveUp // the worker gives back its charges and returns it to the pool
+			return false, token, gaveUp // the worker refunds its charges and returns it to the pool
 		}
 		<-c.done // delivered as we gave up: use it
 	}
@@ -600,7 +600,7 @@ wait:
 	return ok, 0, err
 }
 
-// Refund implements Store: it gives back what Decide charged the zones of
+// Refund implements Store: it refunds what Decide charged the zones of
 // reqs (results are Decide's), in one script call per Cluster slot, queued
 // like the decisions and bounded by the store's timeout.
 func (s *RedisStore) Refund(ctx context.Context, reqs []Request, results []Result) error {

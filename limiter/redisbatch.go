@@ -23,9 +23,9 @@ import (
 // maxBatch bounds how many decisions share one round trip.
 const maxBatch = 256
 
-// releaseRetry is how long a worker with no decisions to send waits before
-// it tries again the slot releases that could not reach Redis.
-const releaseRetry = 100 * time.Millisecond
+// slotRefundRetry is how long a worker with no decisions to send waits before
+// it tries again the slot refunds that could not reach Redis.
+const slotRefundRetry = 100 * time.Millisecond
 
 // call is one script call travelling to a pipeline worker and back.
 type call struct {
@@ -43,13 +43,13 @@ type call struct {
 	trip atomic.Uint64
 
 	// 0 pending, 1 delivered to a waiting caller, 2 abandoned by a
-	// caller that gave up (the worker then gives back its charges, and
+	// caller that gave up (the worker then refunds its charges, and
 	// returns a call from the pool to it: who is done with it last).
 	state  atomic.Uint32
 	pooled bool
 	timer  *time.Timer
-	// until is, for a release of slots whose decision's reply was lost,
-	// when their lease ends: it is tried again until then (giveback.go).
+	// until is, for a refund of slots whose decision's reply was lost,
+	// when their lease ends: it is tried again until then (RedisStore.refundCall).
 	until time.Time
 }
 
@@ -89,9 +89,9 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 	batch := make([]*call, 0, maxBatch)
 	var p pipeline
 	for {
-		var retry <-chan time.Time // slot releases wait to be tried again
-		if s.releases.waiting() {
-			retry = time.After(releaseRetry)
+		var retry <-chan time.Time // slot refunds wait to be tried again
+		if s.slotRefunds.waiting() {
+			retry = time.After(slotRefundRetry)
 		}
 		batch = batch[:0]
 		select {
@@ -114,26 +114,26 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 			s.run(&p, batch, inFlight)
 			clear(batch)
 		}
-		if len(p.giveBack) > 0 || s.releases.waiting() {
+		if len(p.refunds) > 0 || s.slotRefunds.waiting() {
 			// Refunds: their own replies give nothing back. Slot
-			// releases whose Redis could not be reached are kept to
-			// try again after a later batch (or releaseRetry), until
+			// slot refunds whose Redis could not be reached are kept to
+			// try again after a later batch (or slotRefundRetry), until
 			// their lease ends.
 			//
 			// back is a list of its own: running it appends to
-			// p.giveBack the releases of its calls whose replies were
+			// p.refunds the slot refunds of its calls whose replies were
 			// lost (a give-back refund cut by a CLIENT KILL), which
 			// wait for the next round. (They were cleared unsent, and
 			// shared back's array: a give-back's slots stayed held for
 			// their lease.)
-			back := append(append([]*call(nil), p.giveBack...), s.releases.take()...)
-			clear(p.giveBack)
-			p.giveBack = p.giveBack[:0]
+			back := append(append([]*call(nil), p.refunds...), s.slotRefunds.take()...)
+			clear(p.refunds)
+			p.refunds = p.refunds[:0]
 			s.run(&p, back, inFlight)
-			s.releases.keepFailed(back, time.Now())
-			s.releases.keepUnsent(p.giveBack)
-			clear(p.giveBack)
-			p.giveBack = p.giveBack[:0]
+			s.slotRefunds.keepFailed(back, time.Now())
+			s.slotRefunds.keepUnsent(p.refunds)
+			clear(p.refunds)
+			p.refunds = p.refunds[:0]
 		}
 	}
 }
@@ -158,9 +158,9 @@ type pipeline struct {
 	// zones holds, per zone of the script call's calls in order, the index
 	// of its rule and of its bucket (from 1).
 	zones []int
-	// giveBack holds the refunds of the batch's abandoned decisions that
-	// Redis charged (giveback.go), sent after the batch.
-	giveBack []*call
+	// refunds holds the refunds of the batch's abandoned decisions that
+	// Redis charged (RedisStore.refundCall), sent after the batch.
+	refunds []*call
 	// clock is this node's clock, which the quotas' calendars are read
 	// at (their periods around it go with the rule; see quota.go). Nil:
 	// the node's default clock.
@@ -327,15 +327,15 @@ func (s *RedisStore) timeTrip(left stallMark, groups []scriptCall) {
 
 // deliver hands each call of a script call its part of the reply, or the
 // error; the charges of a decision whose caller gave up go back (p's
-// giveBack).
+// refunds).
 func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 	if g.script == s.refund {
 		c := g.calls[0]
 		if c.err = g.cmd.Err(); c.err != nil {
 			c.err = s.cmdErr(c.err)
 		}
-		if release := s.releaseCall(c); release != nil {
-			p.giveBack = append(p.giveBack, release)
+		if slotRefund := s.slotRefundCall(c); slotRefund != nil {
+			p.refunds = append(p.refunds, slotRefund)
 		}
 		if !c.deliver() && c.pooled {
 			putCall(c)
@@ -363,16 +363,16 @@ func (s *RedisStore) deliver(p *pipeline, g *scriptCall) {
 		}
 		o += w
 		// Slots a lost reply may have taken go back whoever waits
-		// (giveback.go); read before c may return to the pool.
-		release := s.releaseCall(c)
-		if release != nil {
-			p.giveBack = append(p.giveBack, release)
+		// (RedisStore.refundCall); read before c may return to the pool.
+		slotRefund := s.slotRefundCall(c)
+		if slotRefund != nil {
+			p.refunds = append(p.refunds, slotRefund)
 		}
 		if c.deliver() {
 			continue // the last use of c: its caller may return it to the pool
 		}
-		if back := s.giveBackCall(c); back != nil { // an answer: no release
-			p.giveBack = append(p.giveBack, back)
+		if back := s.refundCall(c); back != nil { // an answer: no slot refund
+			p.refunds = append(p.refunds, back)
 		}
 		if c.pooled {
 			putCall(c)

@@ -88,12 +88,12 @@ func (s *RedisStore) groupBySlot(reqs []Request) [][]int {
 	return groups
 }
 
-// refundSlots gives back what the admitting slots (groups whose decide
+// refundSlots refunds what the admitting slots (groups whose decide
 // call in calls admitted) charged, and reports their zones as not charged.
 // It returns the first error of the refunds.
 func (s *RedisStore) refundSlots(ctx context.Context, reqs []Request, results []Result, groups [][]int, calls []*call, admitted []bool) error {
 	var refunds []*call
-	// A refund gives back the cost and the spares a prefetching zone took.
+	// A refund refunds the cost and the spares a prefetching zone took.
 	taken := make([]Request, len(reqs))
 	copy(taken, reqs)
 	for g, idx := range groups {
@@ -158,7 +158,7 @@ func (s *RedisStore) send(ctx context.Context, c *call) error {
 		return c.err
 	case <-ctx.Done():
 		if c.abandon() {
-			return s.ctxErr(ctx) // the worker gives back its charges
+			return s.ctxErr(ctx) // the worker refunds its charges
 		}
 		<-c.done // delivered as we gave up: use it
 		return c.err
@@ -187,7 +187,7 @@ func (s *RedisStore) sendAll(ctx context.Context, calls []*call) []error {
 			errs[i] = c.err
 		case <-ctx.Done():
 			if c.abandon() {
-				errs[i] = s.ctxErr(ctx) // the worker gives back its charges
+				errs[i] = s.ctxErr(ctx) // the worker refunds its charges
 				continue
 			}
 			<-c.done // delivered as we gave up: use it

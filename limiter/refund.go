@@ -1,8 +1,79 @@
 package limiter
 
-// Refunds: giving back a charge that Decide made, in memory (the Redis
-// scripts' refund sections do the same, in lua/*.lua). A refund never
-// gives back more than the charge, and a window gives back only what the
+import "context"
+
+// Refunds: a charge that Decide made, given back. One word names the act
+// everywhere: a count_status zone's charge, a concurrency slot (its
+// release is its refund: the same call and the same script), the spares
+// prefetch did not use, and an abandoned decision's charges
+// (RedisStore.refundCall). A settlement is not one: it charges more, or
+// refunds what the request cost less.
+
+// Refund refunds what the decision of outcome charged the zones of
+// reqs, with the results Decide returned for them: pass the zones whose
+// charge is to be refunded (a response that a count_status zone does
+// not count) and the concurrency zones, whose slots their request holds
+// until this call. Decisions that charged nothing (denied, failed open or
+// closed) need none. A decision made on the local fallback buckets is
+// refunded there. When the store fails, the refund is dropped (the charge
+// stays: strict, never lenient; a slot then ends with its lease) and
+// counted (see Refunds).
+func (l *Limiter) Refund(ctx context.Context, outcome Outcome, reqs []Request, results []Result) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	l.refunds.Add(1)
+	var err error
+	switch outcome {
+	case Allowed:
+		err = l.store.Refund(ctx, reqs, results)
+	case LocalAllowed:
+		err = l.refundLocal(ctx, reqs, results)
+	default:
+		return nil
+	}
+	if err != nil {
+		l.refundsLost.Add(1)
+	}
+	if l.obs != nil {
+		for i := range reqs {
+			l.obs.Refunded(reqs[i].Rule, err)
+		}
+	}
+	return err
+}
+
+// refundLocal refunds, on this node's fallback buckets, a decision made
+// there.
+func (l *Limiter) refundLocal(ctx context.Context, reqs []Request, results []Result) error {
+	if l.local == nil {
+		return nil
+	}
+	view := int64(1)
+	if l.fleet != nil {
+		view = l.fleet()
+	}
+	lreqs := make([]Request, 0, len(reqs))
+	lres := make([]Result, 0, len(reqs))
+	for i := range reqs {
+		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil && !results[i].Unknown {
+			local, _ := r.localFor(view)
+			q := reqs[i]
+			q.Rule = local
+			lreqs, lres = append(lreqs, q), append(lres, results[i])
+		}
+	}
+	return l.local.Refund(ctx, lreqs, lres)
+}
+
+// Refunds returns how many refunds were asked for, and how many of them
+// the store failed (dropped).
+func (l *Limiter) Refunds() (asked, lost uint64) {
+	return l.refunds.Load(), l.refundsLost.Load()
+}
+
+// In memory (the refund sections of package lua's scripts do the same in
+// Redis), a refund never returns more than the charge, and a window refunds only what the
 // window that counted the charge still counts: a refund can make a
 // bucket fuller than it would have been without the request only by
 // tokens that have refilled since (the token buckets' debt is clamped at
@@ -10,7 +81,7 @@ package limiter
 // whole debt, also a debt beyond its capacity that a charge or a
 // settlement left: it forgives none of it.
 
-// refund returns the state of bucket e after giving back cost charged at
+// refund returns the state of bucket e after refunding cost charged at
 // microsecond at, seen at microsecond now, with the microsecond from which
 // it counts nothing; keep is false when the bucket is then empty of
 // charges (full) and can be dropped.

@@ -75,7 +75,7 @@ type Rule struct {
 
 	// dryRun: the zone decides and counts but never denies.
 	dryRun bool
-	// refunds: the zone's charges may be given back (RuleConfig.Refunds).
+	// refunds: the zone's charges may be refunded (RuleConfig.Refunds).
 	refunds bool
 	// prefetch is the most tokens one decision may take (cost and
 	// spares; 0: none), kept at most prefetchHold (prefetch.go).
@@ -133,7 +133,7 @@ type RuleConfig struct {
 	// PolicyLocal, the zero value (DefaultPolicy, as ParsePolicy("")).
 	OnError Policy
 	// Lease is, for a concurrency zone, how long a slot outlives a node
-	// that died holding it (the others release their slots when their
+	// that died holding it (the others refund their slots when their
 	// requests end). Concurrency only. Default 0: one minute.
 	Lease time.Duration
 	// DryRun makes the zone decide and count as if it were enforced (a
@@ -151,7 +151,7 @@ type RuleConfig struct {
 	// none.
 	Prefetch int64
 	// PrefetchHold is the longest a node keeps unused spares before it
-	// gives them back. Default 100ms.
+	// refunds them. Default 100ms.
 	PrefetchHold time.Duration
 	// SoftShed delays, rather than denies, a key that has used more
 	// than this share of its burst, in percent (1 to 99): each request
@@ -164,7 +164,7 @@ type RuleConfig struct {
 	// request: from 1us to MaxSoftShedDelay. Default
 	// DefaultSoftShedMaxDelay (1s).
 	SoftShedMaxDelay time.Duration
-	// Refunds says that the zone's charges may be given back
+	// Refunds says that the zone's charges may be refunded
 	// (Limiter.Refund; count_status). A deny cache then holds none of its
 	// buckets: another node's refund can make a bucket fuller than the
 	// cache could know.

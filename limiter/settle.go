@@ -10,7 +10,7 @@ import (
 // after the response (an LLM's tokens, reported by the upstream) admits a
 // request on its up-front cost, and settles the difference once the
 // response tells the real one: it charges what the request cost beyond the
-// up-front cost, or gives back what it cost less. A settlement is one
+// up-front cost, or refunds what it cost less. A settlement is one
 // script call (the refund script: its charge mode, or a refund), made after
 // the response, never on its path. Its charge is capped at the zone's
 // burst, and may leave the bucket owing more than its capacity: the key's

@@ -10,27 +10,27 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// Charges given back. A decision whose caller stopped waiting (the store's
+// Refunds of abandoned decisions. A decision whose caller stopped waiting (the store's
 // timeout) after its script call was sent is still run by Redis, late. Its
 // request has taken its zones' failure policy by then (the local fallback
 // decided it again, say), so what Redis charged it (tokens, a prefetching
 // zone's spares, a window's count, a concurrency slot) belongs to no
-// request: the pipeline worker that reads the late reply gives it back in
+// request: the pipeline worker that reads the late reply refunds it in
 // a refund call, sent right after the batch.
 //
 // A reply that never comes (the connection broke: CLIENT KILL, a master
 // that died in a failover, a read past twice MaxWait) leaves unknown
 // whether Redis charged the request. Tokens then stay charged (strict);
 // but a concurrency slot would be held for its whole lease by a request
-// that is not running on Redis' account, so the worker releases the
-// call's slots anyway: releasing a slot that was never taken removes
-// nothing. A release that cannot reach Redis is tried again after later
+// that is not running on Redis' account, so the worker refunds the
+// call's slots anyway: refunding a slot that was never taken removes
+// nothing. A slot refund that cannot reach Redis is tried again after later
 // batches, until the slot's lease would have ended.
 
-// giveBackCall returns the refund call that gives back what the abandoned
+// refundCall returns the refund call that refunds what the abandoned
 // decision c was charged, or nil when it was charged nothing (denied, or
 // failed).
-func (s *RedisStore) giveBackCall(c *call) *call {
+func (s *RedisStore) refundCall(c *call) *call {
 	if c.script != s.script || c.err != nil || len(c.reply) != lua.ReplyLen(len(c.keys)) {
 		return nil
 	}
@@ -60,20 +60,20 @@ func (s *RedisStore) giveBackCall(c *call) *call {
 	if len(g.keys) == 0 {
 		return nil
 	}
-	s.givenBack.Add(1)
+	s.abandonedRefunded.Add(1)
 	return g
 }
 
-// GivenBack returns how many abandoned decisions had their charges given
-// back (see giveBackCall).
-func (s *RedisStore) GivenBack() uint64 { return s.givenBack.Load() }
+// AbandonedRefunded returns how many abandoned decisions had their charges given
+// back (see refundCall).
+func (s *RedisStore) AbandonedRefunded() uint64 { return s.abandonedRefunded.Load() }
 
-// releaseCall returns the refund call that releases the concurrency slots
+// slotRefundCall returns the refund call that refunds the concurrency slots
 // of the call c, whose reply was lost with its connection (see the top of
-// this file): a decision that may have taken them, or a release (a
+// this file): a decision that may have taken them, or a slot refund (a
 // request's end) that may not have reached Redis. It returns nil when c has
-// no slot, got an answer, or is such a release tried again already.
-func (s *RedisStore) releaseCall(c *call) *call {
+// no slot, got an answer, or is such a slot refund tried again already.
+func (s *RedisStore) slotRefundCall(c *call) *call {
 	if c.err == nil || !lostReply(c.err) || !c.until.IsZero() {
 		return nil
 	}
@@ -94,7 +94,7 @@ func (s *RedisStore) releaseCall(c *call) *call {
 		}
 	}
 	if g != nil {
-		s.releasesSent.Add(1)
+		s.slotRefundsSent.Add(1)
 	}
 	return g
 }
@@ -109,25 +109,25 @@ func lostReply(err error) bool {
 	return !errors.As(err, &reply) && !errors.As(err, &refused)
 }
 
-// maxPendingReleases bounds the slot releases a store keeps to try again.
-const maxPendingReleases = 4096
+// maxPendingSlotRefunds bounds the slot refunds a store keeps to try again.
+const maxPendingSlotRefunds = 4096
 
-// pendingReleases are slot releases that could not reach Redis, kept to try
+// pendingSlotRefunds are slot refunds that could not reach Redis, kept to try
 // again after later batches until their leases would have ended.
-type pendingReleases struct {
+type pendingSlotRefunds struct {
 	mu    sync.Mutex
 	calls []*call
 }
 
-// waiting reports whether releases wait to be tried again.
-func (p *pendingReleases) waiting() bool {
+// waiting reports whether slot refunds wait to be tried again.
+func (p *pendingSlotRefunds) waiting() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.calls) > 0
 }
 
-// take returns the releases waiting, and forgets them.
-func (p *pendingReleases) take() []*call {
+// take returns the slot refunds waiting, and forgets them.
+func (p *pendingSlotRefunds) take() []*call {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := p.calls
@@ -135,25 +135,25 @@ func (p *pendingReleases) take() []*call {
 	return out
 }
 
-// keepUnsent keeps slot releases made while a round of releases ran (of
+// keepUnsent keeps slot refunds made while a round of slot refunds ran (of
 // its calls whose replies were lost), to send with the next round.
-func (p *pendingReleases) keepUnsent(calls []*call) {
+func (p *pendingSlotRefunds) keepUnsent(calls []*call) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range calls {
-		if !c.until.IsZero() && len(p.calls) < maxPendingReleases {
+		if !c.until.IsZero() && len(p.calls) < maxPendingSlotRefunds {
 			p.calls = append(p.calls, c)
 		}
 	}
 }
 
-// keepFailed keeps, of the calls just sent, the slot releases that could
+// keepFailed keeps, of the calls just sent, the slot refunds that could
 // not reach Redis and whose leases have not ended at now, as fresh calls.
-func (p *pendingReleases) keepFailed(sent []*call, now time.Time) {
+func (p *pendingSlotRefunds) keepFailed(sent []*call, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range sent {
-		if c.until.IsZero() || c.err == nil || !lostReply(c.err) || !now.Before(c.until) || len(p.calls) >= maxPendingReleases {
+		if c.until.IsZero() || c.err == nil || !lostReply(c.err) || !now.Before(c.until) || len(p.calls) >= maxPendingSlotRefunds {
 			continue
 		}
 		again := &call{script: c.script, keys: c.keys, rules: c.rules, costs: c.costs, aux: c.aux,
