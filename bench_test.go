@@ -158,7 +158,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			h := benchHandler(b, c.handler)
-			h.denials.asError = !c.inPlace
+			h.denyAsError = !c.inPlace
 			r, _ := benchRequest("hot")
 			w := &discardWriter{h: make(http.Header)}
 			var keys [][]string

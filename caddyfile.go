@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 func init() {
@@ -115,44 +118,64 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	return unmarshalBlock(d, start, "", func(sub string, lines settingLines) error {
+		return h.unmarshalSubdirective(d, sub, lines)
+	}, h.validate)
+}
+
+// unmarshalBlock reads the subdirectives of a block, d past the arguments
+// of the directive that opens it and start on that directive: set sets up
+// each one, and check checks the block once it ends (its error prefixed
+// with what, unless empty). lines notes where each subdirective was given,
+// and set may note more (the setting a line stands for), so that a mistake
+// that check finds in one setting (a *settingError) is reported at the
+// line that gave it, and any other at start's.
+func unmarshalBlock(d *caddyfile.Dispenser, start caddyfile.Dispenser, what string,
+	set func(sub string, lines settingLines) error, check func() error) error {
 	lines := settingLines{}
-	for d.NextBlock(0) {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
 		lines[sub] = *d
-		switch sub {
-		case "redis":
-			if h.Redis != nil {
-				return d.Err("redis: only one redis block is allowed")
-			}
-			h.Redis = new(RedisConfig)
-			if err := h.Redis.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-		case "zone":
-			lines[zoneSetting(len(h.Zones))] = *d
-			z := new(Zone)
-			if err := z.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-			h.Zones = append(h.Zones, z)
-		case "exempt":
-			if err := unmarshalExempt(d, &h.Exempt); err != nil {
-				return d.WrapErr(err)
-			}
-		case "distributed", "storage":
-			if err := h.unmarshalCompat(d); err != nil {
-				return err
-			}
-		default:
-			if err := h.unmarshalSetting(d, sub); err != nil {
-				return err
-			}
+		if err := set(sub, lines); err != nil {
+			return err
 		}
 	}
-	if err := h.validate(); err != nil {
-		return lines.wrap(start, err)
+	err := check()
+	if err == nil {
+		return nil
 	}
-	return nil
+	if what != "" {
+		err = fmt.Errorf("%s: %w", what, err)
+	}
+	return lines.wrap(start, err)
+}
+
+// unmarshalSubdirective sets up one subdirective of the rate_limit block.
+func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, sub string, lines settingLines) error {
+	switch sub {
+	case "redis":
+		if h.Redis != nil {
+			return d.Err("redis: only one redis block is allowed")
+		}
+		h.Redis = new(RedisConfig)
+		return h.Redis.unmarshalCaddyfile(d)
+	case "zone":
+		lines[zoneSetting(len(h.Zones))] = *d
+		z := new(Zone)
+		if err := z.unmarshalCaddyfile(d); err != nil {
+			return err
+		}
+		h.Zones = append(h.Zones, z)
+		return nil
+	case "exempt":
+		if err := unmarshalExempt(d, &h.Exempt); err != nil {
+			return d.WrapErr(err)
+		}
+		return nil
+	case "distributed", "storage":
+		return h.unmarshalCompat(d)
+	}
+	return h.unmarshalSetting(d, sub)
 }
 
 // settingLines are where a block gave each of its settings (the last time),
@@ -254,6 +277,26 @@ func (h *Handler) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	return nil
 }
 
+// parseJitter reads the Caddyfile's jitter: a number, read as Jitter is,
+// or a percentage such as `20%` or `1.5%`, returned as a share.
+func parseJitter(arg string) (float64, error) {
+	if p, ok := strings.CutSuffix(arg, "%"); ok {
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil || v < 0 || v > 100 || math.IsNaN(v) {
+			return 0, fmt.Errorf("jitter percentage must be 0%% to 100%%, got %q", arg)
+		}
+		return v / 100, nil
+	}
+	v, err := strconv.ParseFloat(arg, 64)
+	if err != nil || math.IsNaN(v) {
+		return 0, fmt.Errorf("jitter must be a share (0 to 1), a whole percentage (2 to 100) or a percentage such as 1.5%%, got %q", arg)
+	}
+	if _, err := jitterShare(v); err != nil {
+		return 0, err
+	}
+	return v, nil
+}
+
 // distributedSettings are the settings of caddy-ratelimit's distributed
 // block, each a duration.
 var distributedSettings = []setting[LegacyDistributed, caddy.Duration]{
@@ -303,8 +346,16 @@ func (h *Handler) unmarshalCompat(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// UnmarshalCaddyfile reads a redis block, the dispenser on its `redis`
+// token, as the rate_limit directive reads it: the same subdirectives,
+// checked the same way, errors with the file and line.
+func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return c.unmarshalCaddyfile(d)
+}
+
 // redisOthers are the redis subdirectives outside the tables of
-// redisconfig.go, which unmarshalSetting parses on their own.
+// RedisConfig's settings (redisStrings and the rest), which
+// unmarshalSetting parses on their own.
 var redisOthers = []string{"address", "sentinel", "tls", "db", "protocol"}
 
 func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -312,18 +363,9 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	lines := settingLines{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		sub := d.Val()
-		lines[sub] = *d
-		if err := c.unmarshalSetting(d, sub); err != nil {
-			return err
-		}
-	}
-	if err := c.validate(); err != nil {
-		return lines.wrap(start, fmt.Errorf("redis: %w", err))
-	}
-	return nil
+	return unmarshalBlock(d, start, "redis", func(sub string, _ settingLines) error {
+		return c.unmarshalSetting(d, sub)
+	}, c.validate)
 }
 
 // unmarshalSetting sets up one redis subdirective.
@@ -426,27 +468,26 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	lines := settingLines{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		sub := d.Val()
-		lines[sub] = *d
-		if f, ok := find(tlsFlags, sub); ok {
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			*f.field(t) = true
-			continue
-		}
-		s, ok := find(tlsSettings, sub)
-		if !ok {
-			return d.Errf("unknown redis tls subdirective %q (want %s)", sub, subdirectives(names(tlsSettings), names(tlsFlags)))
-		}
-		if !d.AllArgs(s.field(t)) {
+	return unmarshalBlock(d, start, "redis: tls", func(sub string, _ settingLines) error {
+		return t.unmarshalSetting(d, sub)
+	}, t.validate)
+}
+
+// unmarshalSetting sets up one redis tls subdirective.
+func (t *RedisTLS) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
+	if f, ok := find(tlsFlags, sub); ok {
+		if d.NextArg() {
 			return d.ArgErr()
 		}
+		*f.field(t) = true
+		return nil
 	}
-	if err := t.validate(); err != nil {
-		return lines.wrap(start, fmt.Errorf("redis: tls: %w", err))
+	s, ok := find(tlsSettings, sub)
+	if !ok {
+		return d.Errf("unknown redis tls subdirective %q (want %s)", sub, subdirectives(names(tlsSettings), names(tlsFlags)))
+	}
+	if !d.AllArgs(s.field(t)) {
+		return d.ArgErr()
 	}
 	return nil
 }
@@ -466,7 +507,7 @@ var (
 		},
 		"limit":       zoneInt(func(z *Zone) *int64 { return &z.Limit }, 32),
 		"lease":       zoneDuration(func(z *Zone) *caddy.Duration { return &z.Lease }),
-		"reserve":     func(z *Zone, _, arg string) error { z.Reserve = arg; return checkReserve(arg) },
+		"reserve":     func(z *Zone, _, arg string) error { z.Reserve = arg; return validateReserve(arg) },
 		"events":      zoneInt(func(z *Zone) *int64 { return &z.Events }, 54),
 		"fleet_size":  zoneInt(func(z *Zone) *int64 { return &z.FleetSize }, 32),
 		"max_delay":   zoneDuration(func(z *Zone) *caddy.Duration { return &z.MaxDelay }),
@@ -514,21 +555,12 @@ func (z *Zone) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	lines := settingLines{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		sub := d.Val()
-		lines[sub] = *d
+	return unmarshalBlock(d, start, fmt.Sprintf("zone %q", z.Name), func(sub string, lines settingLines) error {
 		if slices.Contains(zoneRuleLines, sub) {
 			lines["rule"] = *d
 		}
-		if err := z.unmarshalSetting(d, sub); err != nil {
-			return err
-		}
-	}
-	if err := z.validate(); err != nil {
-		return lines.wrap(start, fmt.Errorf("zone %q: %w", z.Name, err))
-	}
-	return nil
+		return z.unmarshalSetting(d, sub)
+	}, z.validate)
 }
 
 // unmarshalSetting sets up one zone subdirective.
@@ -550,7 +582,7 @@ func (z *Zone) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	case "quota":
 		return z.unmarshalQuota(d)
 	case "soft_shed":
-		return z.unmarshalSoftShed(d) // softshed.go
+		return z.unmarshalSoftShed(d)
 	case "dry_run":
 		if d.NextArg() {
 			return d.ArgErr()
@@ -656,6 +688,85 @@ func (z *Zone) unmarshalPrefetch(d *caddyfile.Dispenser) error {
 		if z.PrefetchHold, err = positiveDuration("prefetch max_hold", args[1]); err != nil {
 			return d.Errf("zone %q: %v", z.Name, err)
 		}
+	}
+	return nil
+}
+
+// unmarshalBan sets up `ban <duration> after <n> in <window>`.
+func (z *Zone) unmarshalBan(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) != 5 || args[1] != "after" || args[3] != "in" {
+		return d.Errf("zone %q: ban takes: ban <duration> after <n> in <window>", z.Name)
+	}
+	dur, err := positiveDuration("ban duration", args[0])
+	if err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	n, err := positiveInt("ban denials", args[2], 32)
+	if err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	win, err := positiveDuration("ban window", args[4])
+	if err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	z.Ban = &ZoneBan{Duration: dur, After: n, Window: win}
+	if err := z.Ban.validate(); err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	return nil
+}
+
+// unmarshalQuota sets up quota <n|placeholder> per day|week|month
+// [tz <zone>].
+func (z *Zone) unmarshalQuota(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if (len(args) != 3 && len(args) != 5) || args[1] != "per" || (len(args) == 5 && args[3] != "tz") {
+		return d.Errf("zone %q: quota takes: quota <n|placeholder> per day|week|month [tz <IANA zone>]", z.Name)
+	}
+	if strings.Contains(args[0], "{") {
+		z.QuotaPlaceholder = args[0]
+	} else {
+		n, err := positiveInt("quota", args[0], 64)
+		if err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+		if n > limiter.MaxQuota {
+			return d.Errf("zone %q: quota must be at most 2^40 per period, got %s", z.Name, args[0])
+		}
+		z.Quota = n
+	}
+	if _, err := limiter.ParsePeriod(args[2]); err != nil {
+		return d.Errf("zone %q: %v", z.Name, err)
+	}
+	z.QuotaPer = args[2]
+	if len(args) == 5 {
+		if _, err := quotaLocation(args[4]); err != nil {
+			return d.Errf("zone %q: %v", z.Name, err)
+		}
+		z.QuotaTZ = args[4]
+	}
+	return nil
+}
+
+// unmarshalSoftShed sets up soft_shed <percent> [<max_delay>].
+func (z *Zone) unmarshalSoftShed(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return d.Errf("zone %q: soft_shed takes: soft_shed <percent> [<max_delay>]", z.Name)
+	}
+	pct, err := strconv.ParseInt(strings.TrimSuffix(args[0], "%"), 10, 64)
+	if err != nil || pct < 1 || pct > 99 {
+		return d.Errf("zone %q: soft_shed must be a whole percentage from 1 to 99, got %q", z.Name, args[0])
+	}
+	z.SoftShed = pct
+	if len(args) == 2 {
+		dur, err := caddy.ParseDuration(args[1])
+		if err != nil || dur <= 0 || dur > limiter.MaxSoftShedDelay {
+			return d.Errf("zone %q: soft_shed's max delay must be a positive duration of at most %s, got %q",
+				z.Name, limiter.MaxSoftShedDelay, args[1])
+		}
+		z.SoftShedMaxDelay = caddy.Duration(dur)
 	}
 	return nil
 }

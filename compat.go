@@ -1,24 +1,21 @@
 package fleetlimit
 
-// What is here only for mholt/caddy-ratelimit's sake: its options and its
-// JSON form of the zones, which fleetlimit accepts so that that plugin's
-// configurations load unchanged (the Caddyfile forms are in caddyfile.go,
-// the window and events form of a limit in zonerule.go).
-
 import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
+
+// What is here only for mholt/caddy-ratelimit's sake: its options and its
+// JSON form of the zones, which fleetlimit accepts so that that plugin's
+// configurations load unchanged (its Caddyfile forms are parsed by
+// UnmarshalCaddyfile, its window and events by Zone.compileRule).
 
 // LegacyDistributed is caddy-ratelimit's distributed block, kept only so
 // that its configurations load.
@@ -61,34 +58,6 @@ type LegacyRateLimit struct {
 	// IPv6Prefix makes keys that are IPv6 addresses share a bucket per
 	// network of this many bits, as Zone.IPv6Prefix. Default: 128.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
-}
-
-// validateCompat checks caddy-ratelimit's options and its rate_limits (for
-// Handler.validate).
-func (h *Handler) validateCompat() error {
-	if _, err := jitterShare(h.Jitter); err != nil {
-		return inSetting("jitter", err)
-	}
-	if h.SweepInterval < 0 {
-		return inSetting("sweep_interval", errors.New("sweep_interval must not be negative"))
-	}
-	if len(h.RateLimits) == 0 {
-		return nil
-	}
-	if len(h.Zones) > 0 && !h.fromRateLimits {
-		return errors.New(`both "rate_limits" (caddy-ratelimit's form of the zones) and "zones" (fleetlimit's) are set; ` +
-			`give every zone in one of them`)
-	}
-	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
-		z, err := h.RateLimits[name].zone(name)
-		if err == nil {
-			err = z.validate()
-		}
-		if err != nil {
-			return fmt.Errorf("rate_limits %q: %w", name, err)
-		}
-	}
-	return nil
 }
 
 // provisionCompat turns caddy-ratelimit's rate_limits into zones, and warns
@@ -183,48 +152,4 @@ func (rl *LegacyRateLimit) zone(name string) (*Zone, error) {
 		z.Key = []string{rl.Key}
 	}
 	return z, nil
-}
-
-// jitterShare returns the share of the wait that a Jitter value adds at
-// most: a number from 0 to 1 is that share, a whole number from 2 to 100 a
-// percentage. Other numbers are refused, since between 1 and 2 (and for
-// fractions above 1) a share and a percentage cannot be told apart.
-func jitterShare(j float64) (float64, error) {
-	switch {
-	case j >= 0 && j <= 1:
-		return j, nil
-	case j >= 2 && j <= 100 && j == math.Trunc(j):
-		return j / 100, nil
-	}
-	return 0, fmt.Errorf("jitter %s is neither a share (0 to 1) nor a whole percentage (2 to 100); "+
-		"for a fractional percentage write a share (0.015) or, in the Caddyfile, a percentage (1.5%%)",
-		strconv.FormatFloat(j, 'f', -1, 64))
-}
-
-// parseJitter reads the Caddyfile's jitter: a number, read as Jitter is,
-// or a percentage such as `20%` or `1.5%`, returned as a share.
-func parseJitter(arg string) (float64, error) {
-	if p, ok := strings.CutSuffix(arg, "%"); ok {
-		v, err := strconv.ParseFloat(p, 64)
-		if err != nil || v < 0 || v > 100 || math.IsNaN(v) {
-			return 0, fmt.Errorf("jitter percentage must be 0%% to 100%%, got %q", arg)
-		}
-		return v / 100, nil
-	}
-	v, err := strconv.ParseFloat(arg, 64)
-	if err != nil || math.IsNaN(v) {
-		return 0, fmt.Errorf("jitter must be a share (0 to 1), a whole percentage (2 to 100) or a percentage such as 1.5%%, got %q", arg)
-	}
-	if _, err := jitterShare(v); err != nil {
-		return 0, err
-	}
-	return v, nil
-}
-
-// jitter adds up to the handler's jitter share of retry, at random.
-func (h *Handler) jitter(retry time.Duration) time.Duration {
-	if h.jitterShare <= 0 || retry <= 0 {
-		return retry
-	}
-	return retry + time.Duration(rand.Float64()*h.jitterShare*float64(retry))
 }

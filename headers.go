@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // headerMode selects the rate limit header fields written on responses.
@@ -150,4 +151,16 @@ func (m headerMode) write(h http.Header, ds []zoneDecision, policy string, retry
 		vals[i] = text[reset:]
 		h[hdrRetryAfter] = vals[i : i+1 : i+1]
 	}
+}
+
+// periodSeconds is a quota's w in RateLimit-Policy: the length in seconds
+// of the calendar period the request was decided in, or, when the zone was
+// not consulted, of the period this node's clock is in.
+func periodSeconds(d *zoneDecision) int64 {
+	p := d.res.Period
+	if p <= 0 {
+		s, e := d.req.Rule.PeriodAt(time.Now())
+		p = e.Sub(s)
+	}
+	return int64(p / time.Second)
 }

@@ -1,13 +1,15 @@
 package fleetlimit
 
 import (
-	"errors"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // keyExpr is one key expression of a zone, prepared so that a request
@@ -69,30 +71,70 @@ func (k keyExpr) eval(r *http.Request, repl *caddy.Replacer) string {
 	}
 }
 
-// checkPlaceholders reports an expression whose braces do not form
-// placeholders: every '{' must close with a '}' around a non-empty name,
-// without nesting. (A stray brace would make every request's value wrong.)
-func checkPlaceholders(e string) error {
-	open := -1
-	for i := 0; i < len(e); i++ {
-		switch e[i] {
-		case '{':
-			if open >= 0 {
-				return errors.New("nested '{'")
-			}
-			open = i
-		case '}':
-			if open < 0 {
-				return errors.New("'}' without '{'")
-			}
-			if i == open+1 {
-				return errors.New("empty placeholder {}")
-			}
-			open = -1
+// defaultKey is the key of a zone in fleetlimit's form (rate and per) that
+// names none: the client's IP address (as Caddy determines it, honouring
+// trusted_proxies). A zone in caddy-ratelimit's form has none: one bucket.
+const defaultKey = "{http.vars.client_ip}"
+
+// provisionKeys compiles the zone's validated key expressions.
+func (z *Zone) provisionKeys() {
+	if z.quotaOf != nil {
+		z.keys = z.quotaOf.keys // its zone's keys, provisioned before it
+		return
+	}
+	exprs := z.Key
+	if len(exprs) == 0 && !z.legacyForm() {
+		// caddy-ratelimit's form keeps no key: one shared bucket.
+		exprs = []string{defaultKey}
+	}
+	z.keys = make([]keyExpr, 0, len(exprs))
+	for _, e := range exprs {
+		z.keys = append(z.keys, newKeyExpr(e))
+	}
+}
+
+// keyOf returns the zone's bounded client key for a request: the value of
+// the first key alternative that is not empty, in the namespace of that
+// alternative (limiter.SourceKey).
+func (z *Zone) keyOf(r *http.Request, repl *caddy.Replacer) string {
+	for i, k := range z.keys {
+		if v := k.eval(r, repl); v != "" {
+			return z.normalKey(i, v)
 		}
 	}
-	if open >= 0 {
-		return errors.New("'{' without '}'")
+	return ""
+}
+
+// normalKey returns the bucket key of the value v of the zone's source-th
+// key alternative: its network when the zone groups addresses, bounded and
+// in the alternative's namespace.
+func (z *Zone) normalKey(source int, v string) string {
+	if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
+		v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
 	}
-	return nil
+	return limiter.SourceKey(source, v)
+}
+
+// networkOf returns the network of an IP address key, as a prefix of the
+// given length (an IPv4 address v4 bits, an IPv6 address v6 bits; 0 leaves
+// that family alone). Keys that are not IP addresses are returned as they
+// are.
+func networkOf(key string, v4, v6 int) string {
+	addr, err := netip.ParseAddr(key)
+	if err != nil {
+		return key
+	}
+	addr = addr.Unmap()
+	bits := v6
+	if addr.Is4() {
+		bits = v4
+	}
+	if bits == 0 || bits == addr.BitLen() {
+		return key
+	}
+	p, err := addr.Prefix(bits)
+	if err != nil {
+		return key
+	}
+	return p.String()
 }

@@ -9,14 +9,22 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
+
+// The handler's log lines about its decisions: denials (log_denials), dry
+// runs' would-be denials and bans started, each throttled per key and zone
+// where a flood could flood the log.
 
 // deniedMessage is the message of a denial's log line, caddy-ratelimit's.
 const deniedMessage = "rate limit exceeded"
+
+// dryRunMessage is the log line of a request that a dry-run zone would
+// have denied.
+const dryRunMessage = "rate limit dry run: would deny"
 
 // denialLevel is how denials are logged (Handler.LogDenials).
 type denialLevel uint8
@@ -40,47 +48,10 @@ func parseDenialLevel(s string) (denialLevel, error) {
 	return 0, fmt.Errorf("unknown log_denials %q (want info, debug or off)", s)
 }
 
-// denialLog writes the log lines of denials, and knows how a denial is
-// answered.
+// denialLog is how the log lines of denials are written.
 type denialLog struct {
 	level    denialLevel
 	throttle *denialThrottle // with info
-	// asError: a denial is returned as a handler error, because
-	// something may see the error (see provisionDenialAnswer); else the
-	// handler writes the 429 itself.
-	asError bool
-}
-
-// provisionDenialAnswer decides how the handler answers a denial.
-//
-// Returned as a handler error, a denial goes through Caddy's error path:
-// the server sets the {http.error.*} placeholders, runs the handle_errors
-// routes, logs the error (at debug level below 500) and writes the status.
-// That path costs a denial more CPU than the decision itself: before it
-// checks the log level, the server encodes the whole request for its
-// error logger (zap's lazy With is forced by the duration field added to
-// it), and it copies the request for the error's context. So when nothing
-// could see the error, the handler writes the status itself, the same
-// response Caddy would write: no body, the rate limit fields and
-// Retry-After. Something could see it when the server has handle_errors
-// routes, when an enclosing subroute has errors routes, when the HTTP app
-// counts handler errors in its metrics (caddy_http_request_errors_total),
-// or when the logs are at debug level (the server's error log line). The
-// handler is provisioned inside its server, so all of this is known here;
-// handlers provisioned outside a server (tests) return errors.
-func (h *Handler) provisionDenialAnswer(ctx caddy.Context) {
-	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	asError := srv == nil || srv.Errors != nil && len(srv.Errors.Routes) > 0 ||
-		h.logger.Core().Enabled(zapcore.DebugLevel)
-	for _, m := range ctx.Modules() {
-		switch m := m.(type) {
-		case *caddyhttp.App:
-			asError = asError || m.Metrics != nil
-		case *caddyhttp.Subroute:
-			asError = asError || m.Errors != nil && len(m.Errors.Routes) > 0
-		}
-	}
-	h.denials.asError = asError
 }
 
 // provisionDenials sets up the denial log from LogDenials.
@@ -104,10 +75,42 @@ func (h *Handler) provisionDenials() error {
 	return nil
 }
 
-// logDenials logs the zones that denied a request, as log_denials says:
-// wait is the wait Retry-After gives (jitter included), as caddy-ratelimit
-// logged it, and each zone's own wait is its retry_after.
-func (h *Handler) logDenials(r *http.Request, ds []zoneDecision, wait time.Duration) {
+// provisionDryRun sets up the log of dry-run zones' would-be denials: at
+// info level, at most one line per key and zone a second (and a bounded
+// number of lines a second in all, like log_denials info).
+func (h *Handler) provisionDryRun() {
+	h.dryRunLog = nil
+	for _, z := range h.Zones {
+		if z.DryRun || h.DryRun {
+			h.dryRunLog = newDenialThrottle()
+			return
+		}
+	}
+}
+
+// logDecisions writes the log lines of a request's decisions, in one pass
+// over its zones: a dry-run zone's would-be denial, a ban that the
+// request's denial started, and, when den names the zone that answers a
+// denial, each denying zone's line.
+func (h *Handler) logDecisions(r *http.Request, ds []zoneDecision, den denier) {
+	for i := range ds {
+		d := &ds[i]
+		switch {
+		case d.res.DryRun: // its would-be ban is on its line
+			h.logDryRun(r, d)
+		case d.res.BanStarted:
+			h.logBanStart(r, d)
+		}
+		if den.zone != nil && !d.res.Allowed { // Unknown results are Allowed too
+			h.logDenial(r, d, den.retry)
+		}
+	}
+}
+
+// logDenial writes a denying zone's line, as log_denials says: wait is
+// the wait Retry-After gives (jitter included), as caddy-ratelimit logged
+// it, and the zone's own wait is its retry_after.
+func (h *Handler) logDenial(r *http.Request, d *zoneDecision, wait time.Duration) {
 	lvl := zapcore.DebugLevel
 	switch h.denials.level {
 	case denialsOff:
@@ -115,28 +118,70 @@ func (h *Handler) logDenials(r *http.Request, ds []zoneDecision, wait time.Durat
 	case denialsInfo:
 		lvl = zapcore.InfoLevel
 	}
-	for i := range ds {
-		d := &ds[i]
-		if d.res.Allowed { // Unknown results are Allowed too
-			continue
+	ce := h.logger.Check(lvl, deniedMessage)
+	if ce == nil {
+		return
+	}
+	if t := h.denials.throttle; t != nil {
+		ok, dropped := t.admit(d.zone.Name, d.req.Key, h.now().Unix())
+		if dropped > 0 {
+			h.logger.Info("rate limit denials left out of the log",
+				zap.Int64("count", dropped), zap.Int("max_lines_per_second", denialShards*denialShardKeys))
 		}
-		ce := h.logger.Check(lvl, deniedMessage)
-		if ce == nil {
+		if !ok {
 			return
 		}
-		if t := h.denials.throttle; t != nil {
-			ok, dropped := t.admit(d.zone.Name, d.req.Key, h.now().Unix())
-			if dropped > 0 {
-				h.logger.Info("rate limit denials left out of the log",
-					zap.Int64("count", dropped), zap.Int("max_lines_per_second", denialShards*denialShardKeys))
-			}
-			if !ok {
-				continue
-			}
-		}
-		ce.Write(zap.String("zone", d.zone.Name), zap.Duration("wait", wait), zap.String("remote_ip", remoteIP(r)),
-			h.keyField(d.req.Key), zap.Int64("cost", d.req.Cost), zap.Duration("retry_after", d.res.RetryAfter))
 	}
+	ce.Write(zap.String("zone", d.zone.Name), zap.Duration("wait", wait), zap.String("remote_ip", remoteIP(r)),
+		h.keyField(d.req.Key), zap.Int64("cost", d.req.Cost), zap.Duration("retry_after", d.res.RetryAfter))
+}
+
+// logDryRun writes the line of a request that a dry-run zone would have
+// denied: at info, at most one line per key and zone a second.
+func (h *Handler) logDryRun(r *http.Request, d *zoneDecision) {
+	t, res := h.dryRunLog, &d.res
+	if t == nil {
+		return
+	}
+	ce := h.logger.Check(zap.InfoLevel, dryRunMessage)
+	if ce == nil {
+		return
+	}
+	ok, dropped := t.admit(d.zone.Name, d.req.Key, h.now().Unix())
+	if dropped > 0 {
+		h.logger.Info("rate limit dry-run lines left out of the log", zap.Int64("count", dropped))
+	}
+	if !ok {
+		return
+	}
+	fields := []zap.Field{zap.String("zone", d.zone.Name), zap.String("remote_ip", remoteIP(r)),
+		h.keyField(d.req.Key), zap.Int64("cost", d.req.Cost), zap.Bool("banned", res.Banned)}
+	if res.RetryAfter != limiter.Never {
+		fields = append(fields, zap.Duration("retry_after", res.RetryAfter))
+	}
+	if res.BanStarted {
+		fields = append(fields, zap.Bool("ban_started", true))
+	}
+	ce.Write(fields...)
+}
+
+// logBanStart writes, at info, the line of a ban that a request's denial
+// started in a zone.
+func (h *Handler) logBanStart(r *http.Request, d *zoneDecision) {
+	if ce := h.logger.Check(zap.InfoLevel, "rate limit ban started"); ce != nil {
+		ban := d.req.Rule.Ban()
+		ce.Write(zap.String("zone", d.zone.Name), h.keyField(d.req.Key), zap.String("remote_ip", remoteIP(r)),
+			zap.Duration("duration", ban.Duration), zap.Int64("after", ban.After), zap.Duration("window", ban.Window))
+	}
+}
+
+// keyField is a client key as logs carry it: its digest, or with log_key
+// the key itself.
+func (h *Handler) keyField(key string) zap.Field {
+	if h.LogKey {
+		return zap.String("key", key)
+	}
+	return zap.String("key_digest", h.digest.Digest(key))
 }
 
 // remoteIP is the address of the connection's peer, as caddy-ratelimit

@@ -176,7 +176,7 @@ func TestDenialInPlace(t *testing.T) {
 	raw := `{"zones":[{"name":"` + zoneName(t) + `","key":["{http.request.header.X-Key}"],"rate":1,"per":60000000000}]}`
 	for _, inPlace := range []bool{true, false} {
 		h, _ := testHandler(t, raw)
-		h.denials.asError = !inPlace
+		h.denyAsError = !inPlace
 		next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 		key := "X-Key: " + strconv.FormatBool(inPlace)
 		if err := h.ServeHTTP(httptest.NewRecorder(), request("GET", "192.0.2.1", key), next); err != nil {
@@ -274,7 +274,7 @@ func TestDenialAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		for name, want := range c.asError {
-			if got := handlerOf(app.(*caddyhttp.App).Servers[name]).denials.asError; got != want {
+			if got := handlerOf(app.(*caddyhttp.App).Servers[name]).denyAsError; got != want {
 				t.Errorf("%s, server %s: denials as handler errors %v, want %v", c.name, name, got, want)
 			}
 		}

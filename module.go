@@ -4,10 +4,10 @@
 // same arithmetic in process memory). The limiter itself lives in package
 // limiter, and what the handler reports (placeholders, events, metrics,
 // statistics, the admin API and dashboard) in package observe; this package
-// is the Caddy module. This file holds the module as Caddy's own are
-// written; its configuration continues in zone.go, redisconfig.go,
-// caddyfile.go and compat.go, its validation in validate.go, and the
-// request path in serve.go.
+// is the Caddy module: the Handler with its Zones and RedisConfig, the
+// Caddyfile directive (Handler.UnmarshalCaddyfile), the checks of a
+// configuration (Handler.Validate) and the request path
+// (Handler.ServeHTTP).
 package fleetlimit
 
 import (
@@ -164,6 +164,10 @@ type Handler struct {
 	obs     *observe.Handler // placeholders, events, metrics and stats
 	exempt  exemptSet        // Exempt, parsed
 	denials denialLog        // how denials are logged (log_denials)
+	// denyAsError: a denial is returned as a handler error, because
+	// something may see the error (see provisionDenialAnswer); else the
+	// handler writes the 429 itself.
+	denyAsError bool
 	// dryRunLog throttles the log lines of dry-run zones (nil: none).
 	dryRunLog *denialThrottle
 	now       func() time.Time // the clock of the denial log's seconds

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -160,59 +159,6 @@ var (
 		{"deny_cache_size", func(c *RedisConfig) *int { return &c.DenyCacheSize }},
 	}
 )
-
-// validate checks the connection settings as configured (before {env.*}
-// placeholders are expanded). The Caddyfile adapter calls it at the end of
-// the redis block, and provisioning before connecting.
-func (c *RedisConfig) validate() error {
-	servers := c.Address != "" || len(c.Addresses) > 0
-	switch {
-	case !servers && c.SentinelMaster == "":
-		return inSetting("address", errors.New("address is required: a server, a Cluster's nodes, or a Sentinel master and its sentinels"))
-	case c.SentinelMaster != "" && len(c.SentinelAddresses) == 0:
-		return inSetting("sentinel", errors.New("a Sentinel master needs at least one sentinel address"))
-	case c.SentinelMaster != "" && servers:
-		return inSetting("sentinel", errors.New("give either sentinels or server addresses, not both: the sentinels find the master"))
-	case c.SentinelMaster != "" && c.Cluster:
-		return inSetting("cluster", errors.New("cluster and sentinel exclude each other: a Cluster has no Sentinel"))
-	case c.DB < 0:
-		return inSetting("db", errors.New("db must not be negative"))
-	case c.DB != 0 && (c.Cluster || len(c.Addresses) > 0):
-		return inSetting("db", errors.New("a Cluster has only db 0"))
-	case c.Protocol != 0 && c.Protocol != 2 && c.Protocol != 3:
-		return inSetting("protocol", fmt.Errorf("protocol must be 2 or 3, got %d", c.Protocol))
-	}
-	if err := limiter.CheckKeyPrefix(c.KeyPrefix); err != nil {
-		return inSetting("key_prefix", err)
-	}
-	for _, s := range redisDurations {
-		if *s.field(c) < 0 {
-			return inSetting(s.name, fmt.Errorf("%s must not be negative", s.name))
-		}
-	}
-	for _, s := range redisCounts {
-		if *s.field(c) < 0 {
-			return inSetting(s.name, fmt.Errorf("%s must not be negative", s.name))
-		}
-	}
-	if c.TLS != nil {
-		if err := c.TLS.validate(); err != nil {
-			return fmt.Errorf("tls: %w", err)
-		}
-	}
-	return nil
-}
-
-// validate checks the TLS settings without reading the files.
-func (t *RedisTLS) validate() error {
-	switch {
-	case t.Cert != "" && t.Key == "":
-		return inSetting("cert", errors.New("a client certificate needs both cert and key"))
-	case t.Key != "" && t.Cert == "":
-		return inSetting("key", errors.New("a client certificate needs both cert and key"))
-	}
-	return nil
-}
 
 // options resolves the connection settings of a validated configuration:
 // {env.*} placeholders expanded and the TLS files read. Settings left zero

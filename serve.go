@@ -3,6 +3,8 @@ package fleetlimit
 import (
 	"cmp"
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -11,14 +13,15 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
-// The request path: a request's zones decided together, then the rate
-// limit fields, a denial's answer, a leaky bucket's wait.
+// The request path: what a request asks of each zone that applies to it,
+// decided in one go, and the answer: passed on (after a wait, when a zone
+// delays it), denied with 429, or 503 when the store failed closed.
 
 // statusClientClosed is the status logged for a request whose client went
 // away before it was decided (nginx's 499, as Caddy's reverse proxy uses).
@@ -78,52 +81,9 @@ func (sc *scratch) views(ds []zoneDecision) ([]limiter.Request, []limiter.Result
 // whether it may pass, or the error that answers it.
 func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bool, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	ds := sc.decisions[:0]
-	ex := h.newExemption(r)
-	for _, z := range h.Zones {
-		if z.quotaOf != nil {
-			// A zone's quota: decided with its zone, on its key and cost.
-			if n := len(ds); n > 0 && ds[n-1].zone == z.quotaOf {
-				d, err := z.quotaDecision(&ds[n-1], repl)
-				if err != nil {
-					return false, caddyhttp.Error(http.StatusInternalServerError, err)
-				}
-				ds = append(ds, d)
-			}
-			continue
-		}
-		if len(z.matchers) > 0 {
-			ok, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return false, caddyhttp.Error(http.StatusInternalServerError, err)
-			}
-			if !ok {
-				continue
-			}
-		}
-		if ex.of(z) {
-			// Left out of the decision: no store call, no fields.
-			z.obs.Exempted()
-			continue
-		}
-		cost, ok := z.costOf(repl)
-		if !ok {
-			return false, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
-		}
-		ap, err := z.applied(repl)
-		if err != nil {
-			return false, caddyhttp.Error(http.StatusInternalServerError, err)
-		}
-		reserve, err := z.reserveOf(repl)
-		if err != nil {
-			return false, caddyhttp.Error(http.StatusInternalServerError, err)
-		}
-		key := z.keyOf(r, repl)
-		if z.lastTier != nil {
-			z.lastTier.note(key, ap.tier) // lasttier.go
-		}
-		ds = append(ds, zoneDecision{zone: z, applied: ap,
-			req: limiter.Request{Rule: ap.rule, Key: key, Cost: cost, Reserve: reserve}})
+	ds, err := h.decisions(r, repl, sc.decisions[:0])
+	if err != nil {
+		return false, err
 	}
 	if len(ds) == 0 {
 		return true, nil
@@ -138,45 +98,116 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	for i := range ds {
 		ds[i].req, ds[i].res = reqs[i], results[i] // Decide gives slots to concurrency requests
 	}
-	// Before shown() drops the zones a cached denial left unconsulted.
 	admitted := outcome == limiter.Allowed || outcome == limiter.LocalAllowed
 	var den denier // the zone that answers a denial
 	exceeded := ""
 	if !admitted && outcome != limiter.FailedOpen && outcome != limiter.FailedClosed {
-		den = denierOf(ds)
+		den = h.denierOf(ds)
 		exceeded = den.zone.Name
 	}
 	h.obs.Decided(r, repl, outcome, obs, reqs, results, exceeded)
-	h.logDryRuns(r, ds)
-	h.logBanStarts(r, ds)
-	switch outcome {
-	case limiter.FailedOpen:
+	h.logDecisions(r, ds, den)
+	switch {
+	case outcome == limiter.FailedOpen:
 		return true, nil
-	case limiter.FailedClosed:
+	case outcome == limiter.FailedClosed:
 		return false, h.unavailable(w, ds)
+	case !admitted:
+		return false, h.deny(w, den, shown(ds), h.policyFor(ds))
 	}
-	var place *roomPlace // the request's place in a waiting room
-	if admitted {
-		if d := delayOf(ds); d != nil {
-			if place = d.zone.room.enter(d.req.Key); place == nil {
-				// No place for it: turned away, and charged nothing.
-				h.giveBack(outcome, ds)
-				return false, h.deny(w, r, denier{zone: d.zone, retry: d.res.Delay, err: d.zone.errWaiting}, shown(ds), policyOf(ds))
+	return h.admit(w, r, sc, outcome, ds)
+}
+
+// decisions appends to ds what a request asks of each zone that applies
+// to it: its matchers match, and its exempt lists leave the client in. A
+// zone's quota follows its zone, on its key and cost.
+func (h *Handler) decisions(r *http.Request, repl *caddy.Replacer, ds []zoneDecision) ([]zoneDecision, error) {
+	ex := h.newExemption(r)
+	for _, z := range h.Zones {
+		if z.quotaOf != nil {
+			if n := len(ds); n > 0 && ds[n-1].zone == z.quotaOf {
+				d, err := z.quotaDecision(&ds[n-1], repl)
+				if err != nil {
+					return ds, caddyhttp.Error(http.StatusInternalServerError, err)
+				}
+				ds = append(ds, d)
+			}
+			continue
+		}
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return ds, caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !ok {
+				continue
 			}
 		}
-		sc.hold(outcome, ds)
+		if ex.of(z) {
+			// Left out of the decision: no store call, no fields.
+			z.obs.Exempted()
+			continue
+		}
+		d, err := z.decision(r, repl)
+		if err != nil {
+			return ds, err
+		}
+		ds = append(ds, d)
 	}
-	// The policy names every enforced zone that applies; the current
-	// state only the zones that were consulted.
-	policy := h.policy
-	if h.varyPolicy || len(ds) != len(h.Zones) {
-		policy = policyOf(ds)
+	return ds, nil
+}
+
+// decision returns what a request asks of the zone: its rule, key, cost
+// and reserve. A cost, rule or reserve that its placeholders cannot give
+// is the error that answers the request.
+func (z *Zone) decision(r *http.Request, repl *caddy.Replacer) (zoneDecision, error) {
+	cost, ok := z.costOf(repl)
+	if !ok {
+		return zoneDecision{}, caddyhttp.Error(http.StatusBadRequest, z.errBadCost)
 	}
+	ap, err := z.applied(repl)
+	if err != nil {
+		return zoneDecision{}, caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	reserve, err := z.reserveOf(repl)
+	if err != nil {
+		return zoneDecision{}, caddyhttp.Error(http.StatusInternalServerError, err)
+	}
+	key := z.keyOf(r, repl)
+	if z.lastTier != nil {
+		z.lastTier.note(key, ap.tier)
+	}
+	return zoneDecision{zone: z, applied: ap,
+		req: limiter.Request{Rule: ap.rule, Key: key, Cost: cost, Reserve: reserve}}, nil
+}
+
+// quotaDecision returns the decision of a zone's quota for a request whose
+// zone's decision is zd: the same key and cost.
+func (z *Zone) quotaDecision(zd *zoneDecision, repl *caddy.Replacer) (zoneDecision, error) {
+	ap, err := z.applied(repl)
+	if err != nil {
+		return zoneDecision{}, err
+	}
+	return zoneDecision{zone: z, applied: ap, req: limiter.Request{Rule: ap.rule, Key: zd.req.Key, Cost: zd.req.Cost}}, nil
+}
+
+// admit passes an admitted request on: it notes what the request's zones
+// hold until its response (scratch.hold), writes the rate limit fields,
+// and holds the request for the wait a zone asked. A request that finds no
+// place in that zone's waiting room is turned away after all, and charged
+// nothing.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, sc *scratch, outcome limiter.Outcome, ds []zoneDecision) (bool, error) {
+	var place *roomPlace // the request's place in a waiting room
+	if d := delayOf(ds); d != nil {
+		if place = d.zone.room.enter(d.req.Key); place == nil {
+			h.giveBack(outcome, ds)
+			den := denier{zone: d.zone, retry: h.jitter(d.res.Delay), err: d.zone.errWaiting}
+			return false, h.deny(w, den, shown(ds), policyOf(ds))
+		}
+	}
+	sc.hold(outcome, ds)
 	reported := shown(ds)
-	if !admitted {
-		return false, h.deny(w, r, den, reported, policy)
-	}
-	h.headers.write(w.Header(), reported, policy, noRetryAfter)
+	h.headers.write(w.Header(), reported, h.policyFor(ds), noRetryAfter)
 	if place != nil {
 		defer place.leave()
 		if err := h.wait(w, r, reported, place); err != nil {
@@ -186,27 +217,20 @@ func (h *Handler) limit(w http.ResponseWriter, r *http.Request, sc *scratch) (bo
 	return true, nil
 }
 
-// errUnavailable is the error of a request rejected because the store
-// failed and a zone's policy is deny.
-var errUnavailable = errors.New("rate limit store unavailable; the zone fails closed")
-
-// unavailable answers a request that a zone with the deny policy rejected
-// because the store failed: 503, and Retry-After for when the store may be
-// back (the circuit breaker's cooldown, at least a second).
-func (h *Handler) unavailable(w http.ResponseWriter, ds []zoneDecision) error {
-	var retry time.Duration
-	for i := range ds {
-		if res := &ds[i].res; !res.Allowed {
-			retry = max(retry, res.RetryAfter)
-		}
+// policyFor returns the RateLimit-Policy of a request's decisions. The
+// policy names every enforced zone that applies (the current state, only
+// the zones that were consulted): the handler's own, unless some zone does
+// not apply or varies by request.
+func (h *Handler) policyFor(ds []zoneDecision) string {
+	if h.varyPolicy || len(ds) != len(h.Zones) {
+		return policyOf(ds)
 	}
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(max(1, retryAfterSeconds(retry)), 10)}
-	return caddyhttp.Error(http.StatusServiceUnavailable, errUnavailable)
+	return h.policy
 }
 
 // denier is what answers a denied request: the zone whose error it is
 // (the first that denied, or one that no wait will satisfy), and the wait
-// until every denying zone can admit it.
+// until every denying zone can admit it (jitter included).
 type denier struct {
 	zone  *Zone
 	retry time.Duration
@@ -214,8 +238,9 @@ type denier struct {
 	err   error // the error, when not the zone's own denial
 }
 
-// denierOf returns the denier of a request that zones denied.
-func denierOf(ds []zoneDecision) denier {
+// denierOf returns the denier of a request that zones denied, its wait
+// with the handler's jitter (none when no wait helps).
+func (h *Handler) denierOf(ds []zoneDecision) denier {
 	var d denier
 	for i := range ds {
 		res := &ds[i].res
@@ -231,24 +256,47 @@ func denierOf(ds []zoneDecision) denier {
 		}
 		d.retry = max(d.retry, res.RetryAfter)
 	}
+	if !d.never {
+		d.retry = h.jitter(d.retry)
+	}
 	return d
+}
+
+// jitterShare returns the share of the wait that a Jitter value adds at
+// most: a number from 0 to 1 is that share, a whole number from 2 to 100 a
+// percentage. Other numbers are refused, since between 1 and 2 (and for
+// fractions above 1) a share and a percentage cannot be told apart.
+func jitterShare(j float64) (float64, error) {
+	switch {
+	case j >= 0 && j <= 1:
+		return j, nil
+	case j >= 2 && j <= 100 && j == math.Trunc(j):
+		return j / 100, nil
+	}
+	return 0, fmt.Errorf("jitter %s is neither a share (0 to 1) nor a whole percentage (2 to 100); "+
+		"for a fractional percentage write a share (0.015) or, in the Caddyfile, a percentage (1.5%%)",
+		strconv.FormatFloat(j, 'f', -1, 64))
+}
+
+// jitter adds up to the handler's jitter share of retry, at random.
+func (h *Handler) jitter(retry time.Duration) time.Duration {
+	if h.jitterShare <= 0 || retry <= 0 {
+		return retry
+	}
+	return retry + time.Duration(rand.Float64()*h.jitterShare*float64(retry))
 }
 
 // deny answers a request that the zones of den denied: the rate limit
 // fields, Retry-After for the latest moment any denying zone can admit it,
-// the log lines of log_denials, and a 429: a handler error, or written
-// here when nothing would see the error (see provisionDenialAnswer), in
-// which case it returns nil.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, ds []zoneDecision, policy string) error {
+// and a 429: a handler error, or written here when nothing would see the
+// error (see provisionDenialAnswer), in which case it returns nil.
+func (h *Handler) deny(w http.ResponseWriter, den denier, ds []zoneDecision, policy string) error {
 	first := den.zone
 	err, retryAfter := cmp.Or(den.err, first.errDenied), noRetryAfter
 	if den.never {
-		h.logDenials(r, ds, den.retry)
 		err = first.errNever
 	} else {
-		wait := h.jitter(den.retry)
-		h.logDenials(r, ds, wait)
-		retryAfter = retryAfterSeconds(wait)
+		retryAfter = retryAfterSeconds(den.retry)
 		for i := range ds {
 			if ds[i].res.Banned && ds[i].zone == first {
 				err = first.errBanned
@@ -257,11 +305,43 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, den denier, ds []
 		}
 	}
 	h.headers.write(w.Header(), ds, policy, retryAfter)
-	if h.denials.asError {
+	if h.denyAsError {
 		return denial(err)
 	}
 	w.WriteHeader(http.StatusTooManyRequests)
 	return nil
+}
+
+// provisionDenialAnswer decides how the handler answers a denial.
+//
+// Returned as a handler error, a denial goes through Caddy's error path:
+// the server sets the {http.error.*} placeholders, runs the handle_errors
+// routes, logs the error (at debug level below 500) and writes the status.
+// That path costs a denial more CPU than the decision itself: before it
+// checks the log level, the server encodes the whole request for its
+// error logger (zap's lazy With is forced by the duration field added to
+// it), and it copies the request for the error's context. So when nothing
+// could see the error, the handler writes the status itself, the same
+// response Caddy would write: no body, the rate limit fields and
+// Retry-After. Something could see it when the server has handle_errors
+// routes, when an enclosing subroute has errors routes, when the HTTP app
+// counts handler errors in its metrics (caddy_http_request_errors_total),
+// or when the logs are at debug level (the server's error log line). The
+// handler is provisioned inside its server, so all of this is known here;
+// handlers provisioned outside a server (tests) return errors.
+func (h *Handler) provisionDenialAnswer(ctx caddy.Context) {
+	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	asError := srv == nil || srv.Errors != nil && len(srv.Errors.Routes) > 0 ||
+		h.logger.Core().Enabled(zapcore.DebugLevel)
+	for _, m := range ctx.Modules() {
+		switch m := m.(type) {
+		case *caddyhttp.App:
+			asError = asError || m.Metrics != nil
+		case *caddyhttp.Subroute:
+			asError = asError || m.Errors != nil && len(m.Errors.Routes) > 0
+		}
+	}
+	h.denyAsError = asError
 }
 
 // denial returns the 429 handler error of a denied request. It is what
@@ -287,6 +367,24 @@ func errorID() string {
 		n /= 36
 	}
 	return string(b[:])
+}
+
+// errUnavailable is the error of a request rejected because the store
+// failed and a zone's policy is deny.
+var errUnavailable = errors.New("rate limit store unavailable; the zone fails closed")
+
+// unavailable answers a request that a zone with the deny policy rejected
+// because the store failed: 503, and Retry-After for when the store may be
+// back (the circuit breaker's cooldown, at least a second).
+func (h *Handler) unavailable(w http.ResponseWriter, ds []zoneDecision) error {
+	var retry time.Duration
+	for i := range ds {
+		if res := &ds[i].res; !res.Allowed {
+			retry = max(retry, res.RetryAfter)
+		}
+	}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(max(1, retryAfterSeconds(retry)), 10)}
+	return caddyhttp.Error(http.StatusServiceUnavailable, errUnavailable)
 }
 
 // shown returns the decisions whose state a response reports: those
@@ -318,96 +416,4 @@ func shown(ds []zoneDecision) []zoneDecision {
 // obeys Retry-After is never early.
 func retryAfterSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
-}
-
-// keyField is a client key as logs carry it: its digest, or with log_key
-// the key itself.
-func (h *Handler) keyField(key string) zap.Field {
-	if h.LogKey {
-		return zap.String("key", key)
-	}
-	return zap.String("key_digest", h.digest.Digest(key))
-}
-
-// hdrDelay reports how long a leaky bucket held the request, in
-// milliseconds.
-const hdrDelay = "X-Ratelimit-Delay"
-
-// errClientGone ends a request whose client left while it waited for its
-// turn in a leaky bucket, or for a soft shed's delay.
-var errClientGone = errors.New("client went away while waiting for its turn")
-
-// delayOf returns the decision of the zone (a leaky bucket, or a token
-// bucket that sheds softly) that delays an admitted request longest; nil
-// when none delays it.
-func delayOf(ds []zoneDecision) *zoneDecision {
-	var longest *zoneDecision
-	for i := range ds {
-		if ds[i].zone.room != nil && !shedOnlyCounted(&ds[i]) && ds[i].res.Delay > 0 &&
-			(longest == nil || ds[i].res.Delay > longest.res.Delay) {
-			longest = &ds[i]
-		}
-	}
-	return longest
-}
-
-// turnOf returns how long the leaky bucket zones of an admitted request
-// delay it: the longest wait no waiting room cuts short.
-func turnOf(ds []zoneDecision) time.Duration {
-	var turn time.Duration
-	for i := range ds {
-		if ds[i].req.Rule.Algorithm() == limiter.LeakyBucket {
-			turn = max(turn, ds[i].res.Delay)
-		}
-	}
-	return turn
-}
-
-// wait holds an admitted request in its place for its turn when a leaky
-// bucket zone delayed it (or for its delay, when a zone sheds softly), and
-// releases it early if the client goes away: it keeps its charge, unless a
-// count_status zone does not count its 499 (see ServeHTTP). When the room
-// takes its place back for another key, a soft shed's delay ends there,
-// and the request waits only for its leaky buckets' turn, if any.
-func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision, place *roomPlace) error {
-	d := delayOf(ds)
-	if d == nil {
-		return nil
-	}
-	delay := d.res.Delay
-	w.Header()[hdrDelay] = []string{delayMillis(delay)}
-	if ce := h.logger.Check(zap.DebugLevel, "rate limit delayed request"); ce != nil {
-		ce.Write(zap.String("zone", d.zone.Name), zap.Duration("delay", delay))
-	}
-	start := time.Now()
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	cut := place.cut
-	for {
-		select {
-		case <-t.C:
-			return nil
-		case <-cut:
-			waited := time.Since(start)
-			turn := turnOf(ds)
-			if ce := h.logger.Check(zap.DebugLevel, "rate limit delay cut short for another key's place"); ce != nil {
-				ce.Write(zap.String("zone", d.zone.Name), zap.Duration("waited", waited), zap.Duration("turn", turn))
-			}
-			if waited >= turn {
-				w.Header()[hdrDelay] = []string{delayMillis(waited)}
-				return nil
-			}
-			w.Header()[hdrDelay] = []string{delayMillis(turn)}
-			t.Reset(turn - waited)
-			cut = nil
-		case <-r.Context().Done():
-			return caddyhttp.Error(499, errClientGone)
-		}
-	}
-}
-
-// delayMillis is a delay in X-RateLimit-Delay: whole milliseconds, rounded
-// up.
-func delayMillis(d time.Duration) string {
-	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)
 }

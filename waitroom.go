@@ -2,7 +2,16 @@ package fleetlimit
 
 import (
 	"container/heap"
+	"errors"
+	"net/http"
+	"strconv"
 	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // DefaultMaxWaiting is how many requests of a leaky bucket zone, or of a
@@ -181,4 +190,98 @@ func (h *roomKeys) Pop() any {
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
 	return k
+}
+
+// A request's wait: a leaky bucket zone holds an admitted request for its
+// turn, and a token bucket zone with soft_shed for the delay the limiter
+// computed in the decision (limiter.Result.Delay), each in the zone's
+// waitRoom.
+
+// shedOnlyCounted reports whether a zone's delay is a dry run's soft shed:
+// counted (as the delay it would ask), never waited for.
+func shedOnlyCounted(d *zoneDecision) bool {
+	return d.zone.SoftShed > 0 && d.req.Rule.DryRun()
+}
+
+// hdrDelay reports how long a leaky bucket held the request, in
+// milliseconds.
+const hdrDelay = "X-Ratelimit-Delay"
+
+// errClientGone ends a request whose client left while it waited for its
+// turn in a leaky bucket, or for a soft shed's delay.
+var errClientGone = errors.New("client went away while waiting for its turn")
+
+// delayOf returns the decision of the zone (a leaky bucket, or a token
+// bucket that sheds softly) that delays an admitted request longest; nil
+// when none delays it.
+func delayOf(ds []zoneDecision) *zoneDecision {
+	var longest *zoneDecision
+	for i := range ds {
+		if ds[i].zone.room != nil && !shedOnlyCounted(&ds[i]) && ds[i].res.Delay > 0 &&
+			(longest == nil || ds[i].res.Delay > longest.res.Delay) {
+			longest = &ds[i]
+		}
+	}
+	return longest
+}
+
+// turnOf returns how long the leaky bucket zones of an admitted request
+// delay it: the longest wait no waiting room cuts short.
+func turnOf(ds []zoneDecision) time.Duration {
+	var turn time.Duration
+	for i := range ds {
+		if ds[i].req.Rule.Algorithm() == limiter.LeakyBucket {
+			turn = max(turn, ds[i].res.Delay)
+		}
+	}
+	return turn
+}
+
+// wait holds an admitted request in its place for its turn when a leaky
+// bucket zone delayed it (or for its delay, when a zone sheds softly), and
+// releases it early if the client goes away: it keeps its charge, unless a
+// count_status zone does not count its 499 (see ServeHTTP). When the room
+// takes its place back for another key, a soft shed's delay ends there,
+// and the request waits only for its leaky buckets' turn, if any.
+func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision, place *roomPlace) error {
+	d := delayOf(ds)
+	if d == nil {
+		return nil
+	}
+	delay := d.res.Delay
+	w.Header()[hdrDelay] = []string{delayMillis(delay)}
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit delayed request"); ce != nil {
+		ce.Write(zap.String("zone", d.zone.Name), zap.Duration("delay", delay))
+	}
+	start := time.Now()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	cut := place.cut
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case <-cut:
+			waited := time.Since(start)
+			turn := turnOf(ds)
+			if ce := h.logger.Check(zap.DebugLevel, "rate limit delay cut short for another key's place"); ce != nil {
+				ce.Write(zap.String("zone", d.zone.Name), zap.Duration("waited", waited), zap.Duration("turn", turn))
+			}
+			if waited >= turn {
+				w.Header()[hdrDelay] = []string{delayMillis(waited)}
+				return nil
+			}
+			w.Header()[hdrDelay] = []string{delayMillis(turn)}
+			t.Reset(turn - waited)
+			cut = nil
+		case <-r.Context().Done():
+			return caddyhttp.Error(499, errClientGone)
+		}
+	}
+}
+
+// delayMillis is a delay in X-RateLimit-Delay: whole milliseconds, rounded
+// up.
+func delayMillis(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)
 }

@@ -3,12 +3,11 @@ package fleetlimit
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -309,86 +308,81 @@ type Zone struct {
 	errWaiting  error         // the wait room is full
 	room        *waitRoom     // leaky bucket, soft shed: the requests waiting
 	obs         *observe.Zone // placeholders and stats
-	quotaOf     *Zone         // the zone whose quota this zone is (quota.go); nil for a configured zone
+	quotaOf     *Zone         // the zone whose quota this zone is (expandQuotas); nil for a configured zone
 }
 
-// defaultKey is the key of a zone in fleetlimit's form (rate and per) that
-// names none: the client's IP address (as Caddy determines it, honouring
-// trusted_proxies). A zone in caddy-ratelimit's form has none: one bucket.
-const defaultKey = "{http.vars.client_ip}"
-
-// zoneNameRE is what a zone's name may be.
-var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
-
-// validate checks the zone as configured. The Caddyfile adapter calls it at
-// the end of the zone block, and the handler's validate before provisioning;
-// a mistake in one setting is a *settingError, and the caller adds the
-// zone's name.
-func (z *Zone) validate() error {
-	if !zoneNameRE.MatchString(z.configuredName()) {
-		return inSetting("name", errors.New("name must be 1 to 64 letters, digits, '_', '-' or '.'"))
-	}
-	if err := z.validateQuota(); err != nil {
-		return err
-	}
-	if err := z.validatePolicies(); err != nil {
-		return err
-	}
-	// The failure policy is compiled into the rule: checked first, so
-	// that its mistakes name their own setting.
-	if _, err := limiter.ParsePolicy(z.OnError); err != nil {
-		return inSetting("on_error", fmt.Errorf("on_error must be allow, deny or local, got %q", z.OnError))
-	}
-	if z.FleetSize < 0 {
-		return inSetting("fleet_size", limiter.ErrBadFleetSize)
-	}
-	rule, err := z.compileRule(z.standIn())
-	if err != nil {
-		return inSetting("rule", err)
-	}
-	for _, p := range []struct {
-		name       string
-		bits, most int
-	}{{"ipv4_prefix", z.IPv4Prefix, 32}, {"ipv6_prefix", z.IPv6Prefix, 128}} {
-		if p.bits < 0 || p.bits > p.most {
-			return inSetting(p.name, fmt.Errorf("%s must be 1 to %d, got %d", p.name, p.most, p.bits))
-		}
-	}
-	for _, e := range z.Key {
-		if strings.TrimSpace(e) == "" {
-			return inSetting("key", errors.New("key expressions must not be empty"))
-		}
-		if err := checkPlaceholders(e); err != nil {
-			return inSetting("key", fmt.Errorf("key %q is not a valid placeholder expression: %w", e, err))
-		}
-	}
-	if _, err := parseExempt(z.Exempt); err != nil {
-		return inSetting("exempt", err)
-	}
-	return z.validateCost(rule)
+// ZoneBan is a zone's ban of repeat offenders: `ban <duration> after <n> in
+// <window>`.
+type ZoneBan struct {
+	// Duration is how long a ban lasts: whole milliseconds. Required.
+	Duration caddy.Duration `json:"duration,omitempty"`
+	// After is how many denials by the zone within Window start a ban.
+	// Required.
+	After int64 `json:"after,omitempty"`
+	// Window is the time in which After denials start a ban: whole
+	// milliseconds. Required.
+	Window caddy.Duration `json:"window,omitempty"`
 }
 
-// validateCost checks the zone's cost: a static one, which must fit in the
-// rule's burst, or a placeholder expression.
-func (z *Zone) validateCost(rule *limiter.Rule) error {
-	switch c := strings.TrimSpace(z.Cost); {
-	case c == "":
-	case rule.Algorithm() == limiter.Concurrency:
-		return inSetting("cost", errors.New("a concurrency zone takes no cost: a request holds one slot"))
-	case strings.ContainsAny(c, "{}"):
-		if err := checkPlaceholders(c); err != nil {
-			return inSetting("cost", fmt.Errorf("cost %q is not a valid placeholder expression: %w", c, err))
-		}
-	default:
-		n, err := strconv.ParseInt(c, 10, 64)
-		if err != nil || n <= 0 {
-			return inSetting("cost", fmt.Errorf("cost must be a positive integer or a placeholder, got %q", c))
-		}
-		if n > rule.Burst() && z.BurstPlaceholder == "" && z.RatePlaceholder == "" {
-			return inSetting("cost", fmt.Errorf("cost %d exceeds burst %d, so no request could ever pass", n, rule.Burst()))
-		}
+// limiterBan returns the ban as the limiter takes it (zero: none).
+func (b *ZoneBan) limiterBan() limiter.Ban {
+	if b == nil {
+		return limiter.Ban{}
 	}
-	return nil
+	return limiter.Ban{Duration: time.Duration(b.Duration), After: b.After, Window: time.Duration(b.Window)}
+}
+
+// A zone with a rate and a quota (a plan) gets, at provisioning, a second
+// zone right after it, `<name>.quota`, whose rule is the quota: decided
+// whenever its zone applies, on the zone's key and cost, in the same store
+// call (see Zone.quotaDecision), with its own fields, metrics and stats.
+
+// quotaSuffix names a zone's quota when the zone has a rate too.
+const quotaSuffix = ".quota"
+
+// hasQuota reports whether the zone is configured with a quota.
+func (z *Zone) hasQuota() bool { return z.Quota != 0 || z.QuotaPlaceholder != "" }
+
+// hasRate reports whether the zone is configured with a limit other than a
+// quota: a rate, caddy-ratelimit's window and events, or concurrency.
+func (z *Zone) hasRate() bool {
+	return z.Rate != 0 || z.RatePlaceholder != "" || z.legacyForm() || z.Algorithm == "concurrency" || z.Limit != 0
+}
+
+// quotaOnly reports whether the zone's rule is its quota: a quota and no
+// other limit (a zone's quota zone is one).
+func (z *Zone) quotaOnly() bool { return z.hasQuota() && !z.hasRate() }
+
+// configuredName is the name the zone was configured with: a quota zone's
+// is its zone's.
+func (z *Zone) configuredName() string {
+	if z.quotaOf != nil {
+		return z.quotaOf.Name
+	}
+	return z.Name
+}
+
+// expandQuotas places, right after each zone that has a rate and a quota,
+// the zone of its quota (once: Provision runs once per handler).
+func (h *Handler) expandQuotas() {
+	for i := 0; i < len(h.Zones); i++ {
+		z := h.Zones[i]
+		if !z.hasQuota() || z.quotaOnly() || (i+1 < len(h.Zones) && h.Zones[i+1].quotaOf == z) {
+			continue
+		}
+		q := &Zone{
+			Name:  z.Name + quotaSuffix,
+			Quota: z.Quota, QuotaPlaceholder: z.QuotaPlaceholder, QuotaPer: z.QuotaPer, QuotaTZ: z.QuotaTZ,
+			// What the quota shares with its zone: the key (for the
+			// admin API's lookups; a request's is its zone's), whether
+			// a response counts, the failure policy, the dry run.
+			Key: z.Key, IPv4Prefix: z.IPv4Prefix, IPv6Prefix: z.IPv6Prefix,
+			CountStatus: z.CountStatus, OnError: z.OnError, FleetSize: z.FleetSize, DryRun: z.DryRun,
+			quotaOf: z,
+		}
+		h.Zones = append(h.Zones[:i+1], append([]*Zone{q}, h.Zones[i+1:]...)...)
+		i++
+	}
 }
 
 // provision compiles the zone's rule, keys, cost and matchers, and the
@@ -444,23 +438,6 @@ func (z *Zone) provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionKeys compiles the zone's validated key expressions.
-func (z *Zone) provisionKeys() {
-	if z.quotaOf != nil {
-		z.keys = z.quotaOf.keys // its zone's keys, provisioned before it
-		return
-	}
-	exprs := z.Key
-	if len(exprs) == 0 && !z.legacyForm() {
-		// caddy-ratelimit's form keeps no key: one shared bucket.
-		exprs = []string{defaultKey}
-	}
-	z.keys = make([]keyExpr, 0, len(exprs))
-	for _, e := range exprs {
-		z.keys = append(z.keys, newKeyExpr(e))
-	}
-}
-
 // provisionCost compiles the zone's validated cost: a static one, or a
 // placeholder expression.
 func (z *Zone) provisionCost() {
@@ -480,26 +457,22 @@ func (z *Zone) legacyForm() bool {
 	return z.Window != 0 || z.Events != 0
 }
 
-// keyOf returns the zone's bounded client key for a request: the value of
-// the first key alternative that is not empty, in the namespace of that
-// alternative (limiter.SourceKey).
-func (z *Zone) keyOf(r *http.Request, repl *caddy.Replacer) string {
-	for i, k := range z.keys {
-		if v := k.eval(r, repl); v != "" {
-			return z.normalKey(i, v)
-		}
+// costHeaderName returns the response field the zone reads its real cost
+// from: its own cost_header, or, for a quota beside a rate, its zone's.
+func (z *Zone) costHeaderName() string {
+	if z.quotaOf != nil {
+		return z.quotaOf.CostHeader
 	}
-	return ""
+	return z.CostHeader
 }
 
-// normalKey returns the bucket key of the value v of the zone's source-th
-// key alternative: its network when the zone groups addresses, bounded and
-// in the alternative's namespace.
-func (z *Zone) normalKey(source int, v string) string {
-	if z.IPv4Prefix != 0 || z.IPv6Prefix != 0 {
-		v = networkOf(v, z.IPv4Prefix, z.IPv6Prefix)
+// costHeaderAbort returns the zone's abort charge: its own
+// CostHeaderAbort, or, for a quota beside a rate, its zone's.
+func (z *Zone) costHeaderAbort() int64 {
+	if z.quotaOf != nil {
+		return z.quotaOf.CostHeaderAbort
 	}
-	return limiter.SourceKey(source, v)
+	return z.CostHeaderAbort
 }
 
 // observeConfig is what observe needs of the zone beyond its rule: what
