@@ -36,6 +36,23 @@ func TestParseCost(t *testing.T) {
 	}
 }
 
+// streamedCost is a handler that streams a body with X-Tokens-Used
+// announced as a trailer: in the header when header is set, and added
+// after the body when trailer is, as reverse_proxy copies a trailer.
+func streamedCost(header string, trailer string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		if header != "" {
+			w.Header().Set("X-Tokens-Used", header)
+		}
+		w.Header().Set("Trailer", "X-Tokens-Used")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte("streamed"))
+		if trailer != "" {
+			w.Header().Add("X-Tokens-Used", trailer)
+		}
+	}
+}
+
 // TestCostRecorder: the recorder reads the cost from the header as the
 // status is written (a later removal of the header does not matter), and
 // from a trailer, announced or prefixed, which wins over the header, also
@@ -46,19 +63,6 @@ func TestParseCost(t *testing.T) {
 func TestCostRecorder(t *testing.T) {
 	zone := &Zone{costHeader: "X-Tokens-Used"}
 	ds := []zoneDecision{{zone: zone}}
-	streamed := func(header string, trailer string) func(w http.ResponseWriter) {
-		return func(w http.ResponseWriter) {
-			if header != "" {
-				w.Header().Set("X-Tokens-Used", header)
-			}
-			w.Header().Set("Trailer", "X-Tokens-Used")
-			w.WriteHeader(200)
-			_, _ = w.Write([]byte("streamed"))
-			if trailer != "" {
-				w.Header().Add("X-Tokens-Used", trailer) // as reverse_proxy copies a trailer
-			}
-		}
-	}
 	cases := []struct {
 		name       string
 		handler    func(w http.ResponseWriter)
@@ -81,10 +85,10 @@ func TestCostRecorder(t *testing.T) {
 			_, _ = w.Write([]byte("streamed"))
 			w.Header().Set("X-Tokens-Used", "321")
 		}, false, 321, costReported},
-		{"announced trailer added after the header", streamed("0", "500"), false, 500, costReported},
+		{"announced trailer added after the header", streamedCost("0", "500"), false, 500, costReported},
 		{"announced trailer replacing the header", func(w http.ResponseWriter) {
 			w.Header().Set("X-Tokens-Used", "0")
-			streamed("", "")(w)
+			streamedCost("", "")(w)
 			w.Header().Set("X-Tokens-Used", "500")
 		}, false, 500, costReported},
 		{"prefixed trailer over the header", func(w http.ResponseWriter) {
@@ -97,16 +101,16 @@ func TestCostRecorder(t *testing.T) {
 			w.WriteHeader(200)
 		}, false, 0, costNone},
 		{"no response", func(http.ResponseWriter) {}, false, 0, costNone},
-		{"announced trailer that never came", streamed("", ""), false, 0, costNone},
-		{"header, then a trailer that never came", streamed("7", ""), false, 7, costReported},
+		{"announced trailer that never came", streamedCost("", ""), false, 0, costNone},
+		{"header, then a trailer that never came", streamedCost("7", ""), false, 7, costReported},
 
 		{"unfinished: header", func(w http.ResponseWriter) {
 			w.Header().Set("X-Tokens-Used", "500")
 			w.WriteHeader(200)
 		}, true, 500, costReported},
-		{"unfinished: trailer that came", streamed("0", "500"), true, 500, costReported},
-		{"unfinished: trailer that never came", streamed("", ""), true, 0, costUnfinished},
-		{"unfinished: header, then a trailer that never came", streamed("7", ""), true, 7, costUnfinished},
+		{"unfinished: trailer that came", streamedCost("0", "500"), true, 500, costReported},
+		{"unfinished: trailer that never came", streamedCost("", ""), true, 0, costUnfinished},
+		{"unfinished: header, then a trailer that never came", streamedCost("7", ""), true, 7, costUnfinished},
 		{"unfinished: nothing reported", func(w http.ResponseWriter) {
 			w.WriteHeader(200)
 			_, _ = w.Write([]byte("streamed"))
