@@ -153,19 +153,14 @@ func (c *checker) quotaTokens(z *Zone, q *request) (tokens float64, at time.Time
 // outage sooner finds it dividing its local quotas by 1.
 const fleetLearn = 3 * time.Second
 
-// quotaOutageShare is the allowance of a key's quota (its requests reqs)
-// for fault window w: see above. It returns the allowance and its name,
-// or 0 and "" when the window takes none.
-func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time.Location) (float64, string) {
-	if !c.redisDown(w.kind) || z.OnError != "local" && !dataLoss(w.kind) {
-		return 0, ""
-	}
+// nodeMemories returns, for each node, when its memory last started empty
+// (a reload or a restart) before fault window w ends, and the divisor of
+// its local quotas in w: the fleet's size, or 1 for a node restarted too
+// lately to know the fleet (fleetLearn).
+func (c *checker) nodeMemories(w window) (forgot []time.Time, divisor []int64) {
 	nodes := c.s.Nodes
-	period := periodStart(w.start, z.QuotaPer, loc)
-	// forgot[i] is when node i's memory last started empty (a reload, a
-	// restart); a node restarted lately divides its local quota by 1.
-	forgot := make([]time.Time, nodes)
-	divisor := make([]int64, nodes)
+	forgot = make([]time.Time, nodes)
+	divisor = make([]int64, nodes)
 	for i := range divisor {
 		divisor[i] = int64(nodes)
 	}
@@ -185,9 +180,18 @@ func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time
 			}
 		}
 	}
-	// last[i]: when node i's last request that told it a count was sent.
+	return forgot, divisor
+}
+
+// quotaHeard returns, for a key's quota (its requests reqs) before fault
+// window w, in the calendar period that starts at period: high, every
+// token of a request sent before the fault (an upper bound of the count),
+// and seen[i], the tokens answered before node i's last request that told
+// it a count was sent (a lower bound of what node i heard; forgot[i] is
+// when its memory last started empty).
+func (c *checker) quotaHeard(z *Zone, reqs []*request, w window, period time.Time, forgot []time.Time) (high float64, seen []float64) {
+	nodes := c.s.Nodes
 	last := make([]time.Time, nodes)
-	var high float64 // every token of the period sent before the fault
 	for _, q := range reqs {
 		if q.node >= nodes || !q.sent.Before(w.start) {
 			continue
@@ -203,7 +207,7 @@ func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time
 			last[q.node] = q.sent
 		}
 	}
-	seen := make([]float64, nodes) // what each node heard, at least
+	seen = make([]float64, nodes)
 	for _, q := range reqs {
 		t, at, ok := c.quotaTokens(z, q)
 		if !ok || at.Before(period) {
@@ -215,6 +219,20 @@ func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time
 			}
 		}
 	}
+	return high, seen
+}
+
+// quotaOutageShare is the allowance of a key's quota (its requests reqs)
+// for fault window w: see above. It returns the allowance and its name,
+// or 0 and "" when the window takes none.
+func (c *checker) quotaOutageShare(z *Zone, reqs []*request, w window, loc *time.Location) (float64, string) {
+	if !c.redisDown(w.kind) || z.OnError != "local" && !dataLoss(w.kind) {
+		return 0, ""
+	}
+	nodes := c.s.Nodes
+	period := periodStart(w.start, z.QuotaPer, loc)
+	forgot, divisor := c.nodeMemories(w)
+	high, seen := c.quotaHeard(z, reqs, w, period, forgot)
 	// local is what the local quotas could give out: each node's share
 	// (the quota over its divisor, at least 1) less its share of the
 	// count it heard, rounded up.
@@ -276,59 +294,18 @@ func (c *checker) checkQuotas() []string {
 			c.fail(InvHarness, "zone %s: quota time zone %s: %v", z.Name, z.QuotaTZ, err)
 			return nil
 		}
-		var first, last time.Time
-		var tokens float64
-		var upAt []time.Time // when the upstream saw each token (for the trace)
-		for _, q := range b.requests {
-			t, at, ok := c.quotaTokens(z, q)
-			if !ok {
-				continue
-			}
-			if z.OnError == "allow" && c.inFault(q.sent, at, 0, 0, c.redisDown) {
-				continue // the allowance named "on_error allow"
-			}
-			if first.IsZero() || q.sent.Before(first) {
-				first = q.sent
-			}
-			if at.After(last) {
-				last = at
-			}
-			tokens += t
-			for range min(int64(t), z.Quota+1) {
-				upAt = append(upAt, at)
-			}
-		}
-		if tokens == 0 {
+		adm := c.quotaAdmitted(z, b.requests)
+		if adm.tokens == 0 {
 			continue
 		}
-		periods := periodsTouched(first, last, z.QuotaPer, loc)
+		periods := periodsTouched(adm.first, adm.last, z.QuotaPer, loc)
 		bound := float64(z.Quota) * float64(periods)
-		var allow float64
-		var named []string
-		if share := c.quotaSettleShare(z, b.requests); share > 0 {
-			allow += share
-			named = append(named, fmt.Sprintf("cost_header %.0f", share))
-		}
-		for _, w := range c.o.windows {
-			if w.until().Before(first) || w.start.After(last) {
-				continue
-			}
-			if share, name := c.quotaOutageShare(z, b.requests, w, loc); name != "" {
-				allow += share
-				named = append(named, fmt.Sprintf("%s %.0f", name, share))
-			}
-		}
-		figures = append(figures, figure{tokens, fmt.Sprintf("zone %s key %s: %.0f admitted of a quota of %d per %s (%s), %d period(s), allowances %.0f",
-			z.Name, printable(b.key), tokens, z.Quota, z.QuotaPer, z.QuotaTZ, periods, allow)})
-		if tokens > math.Floor(bound*boundFactor+allow+1e-9) {
-			// The trace is around the moment the key went past its quota.
-			sort.Slice(upAt, func(i, j int) bool { return upAt[i].Before(upAt[j]) })
-			at := first
-			if int64(len(upAt)) > z.Quota {
-				at = upAt[z.Quota]
-			}
-			c.failAt(InvQuota, at, ofKey(b.key), "zone %s (quota %d per %s, %s) key %s: admitted %.0f tokens in %d period(s) (%.2fs), above %.0f + allowances %.0f [%s]; %d requests",
-				z.Name, z.Quota, z.QuotaPer, z.QuotaTZ, printable(b.key), tokens, periods, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests))
+		allow, named := c.quotaAllowances(z, b.requests, adm, loc)
+		figures = append(figures, figure{adm.tokens, fmt.Sprintf("zone %s key %s: %.0f admitted of a quota of %d per %s (%s), %d period(s), allowances %.0f",
+			z.Name, printable(b.key), adm.tokens, z.Quota, z.QuotaPer, z.QuotaTZ, periods, allow)})
+		if adm.tokens > math.Floor(bound*boundFactor+allow+1e-9) {
+			c.failAt(InvQuota, adm.pastQuota(z.Quota), ofKey(b.key), "zone %s (quota %d per %s, %s) key %s: admitted %.0f tokens in %d period(s) (%.2fs), above %.0f + allowances %.0f [%s]; %d requests",
+				z.Name, z.Quota, z.QuotaPer, z.QuotaTZ, printable(b.key), adm.tokens, periods, adm.last.Sub(adm.first).Seconds(), bound, allow, strings.Join(named, ", "), len(b.requests))
 		}
 	}
 	sort.SliceStable(figures, func(i, j int) bool { return figures[i].tokens > figures[j].tokens })
@@ -341,4 +318,73 @@ func (c *checker) checkQuotas() []string {
 		out = append(out, f.text)
 	}
 	return out
+}
+
+// quotaAdmission is what a key's requests were admitted in a quota zone:
+// the tokens counted, from the first request sent to the last the
+// upstream saw, and when the upstream saw each token (for the trace).
+type quotaAdmission struct {
+	tokens      float64
+	first, last time.Time
+	upAt        []time.Time
+}
+
+// quotaAdmitted returns what a key's requests reqs were admitted in quota
+// zone z, less what passed unlimited in a fault (the allowance named
+// "on_error allow").
+func (c *checker) quotaAdmitted(z *Zone, reqs []*request) quotaAdmission {
+	var a quotaAdmission
+	for _, q := range reqs {
+		t, at, ok := c.quotaTokens(z, q)
+		if !ok {
+			continue
+		}
+		if z.OnError == "allow" && c.inFault(q.sent, at, 0, 0, c.redisDown) {
+			continue
+		}
+		if a.first.IsZero() || q.sent.Before(a.first) {
+			a.first = q.sent
+		}
+		if at.After(a.last) {
+			a.last = at
+		}
+		a.tokens += t
+		for range min(int64(t), z.Quota+1) {
+			a.upAt = append(a.upAt, at)
+		}
+	}
+	return a
+}
+
+// pastQuota returns when the key went past its quota, where a trace of a
+// violation is centred: when the upstream saw the token beyond quota, or
+// the first request.
+func (a *quotaAdmission) pastQuota(quota int64) time.Time {
+	sort.Slice(a.upAt, func(i, j int) bool { return a.upAt[i].Before(a.upAt[j]) })
+	if int64(len(a.upAt)) > quota {
+		return a.upAt[quota]
+	}
+	return a.first
+}
+
+// quotaAllowances returns what a key's quota may be exceeded by, in all
+// and by name: the settlements of cost_header, and each fault window
+// between the key's first and last admission (quotaOutageShare).
+func (c *checker) quotaAllowances(z *Zone, reqs []*request, adm quotaAdmission, loc *time.Location) (float64, []string) {
+	var allow float64
+	var named []string
+	if share := c.quotaSettleShare(z, reqs); share > 0 {
+		allow += share
+		named = append(named, fmt.Sprintf("cost_header %.0f", share))
+	}
+	for _, w := range c.o.windows {
+		if w.until().Before(adm.first) || w.start.After(adm.last) {
+			continue
+		}
+		if share, name := c.quotaOutageShare(z, reqs, w, loc); name != "" {
+			allow += share
+			named = append(named, fmt.Sprintf("%s %.0f", name, share))
+		}
+	}
+	return allow, named
 }

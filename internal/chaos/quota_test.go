@@ -44,85 +44,90 @@ func TestDrawQuota(t *testing.T) {
 func TestCheckQuotas(t *testing.T) {
 	t.Parallel()
 	berlin, _ := time.LoadLocation("Europe/Berlin")
-	z := &Zone{Name: "z0", Algorithm: TokenBucket, Rate: 1000, Per: time.Second, Cost: 1, OnError: "local", Quota: 5, QuotaPer: "day", QuotaTZ: "Europe/Berlin"}
-	cl := &Client{Kind: KindSteady, Cost: 1}
-	run := func(start time.Time, n int, windows ...window) []Violation {
-		s := &Scenario{Topology: Single, Nodes: 3, Zones: []*Zone{z}, Targets: []*Target{{Path: "/t0", Zones: []int{0}}}}
-		for _, w := range windows {
-			s.Faults = append(s.Faults, Fault{Kind: w.kind, Node: 1}) // a kill -9: of node 1
-		}
-		o := &observed{seen: map[string]seenRequest{}, windows: windows}
-		for i := range n {
-			at := start.Add(time.Duration(i) * 100 * time.Millisecond)
-			q := &request{id: string(rune('a' + i)), client: cl, key: "k", cost: 1, node: i % 3, sent: at, done: at, status: 200}
-			o.requests = append(o.requests, q)
-			o.seen[q.id] = seenRequest{at: at, status: 200}
-		}
-		c := &checker{s: s, o: o}
-		if figures := c.checkQuotas(); len(figures) != 1 {
-			t.Errorf("figures %q, want one key's", figures)
-		}
-		return c.out
-	}
 	noon := time.Date(2025, 3, 30, 12, 0, 0, 0, berlin)
-	if v := run(noon, 5); len(v) != 0 {
-		t.Errorf("5 of a quota of 5: %v", v)
+	at := func(from, to time.Duration) (time.Time, time.Time) { return noon.Add(from), noon.Add(to) }
+	win := func(kind string, from, to time.Duration) window {
+		start, end := at(from, to)
+		return window{kind: kind, start: start, end: end}
 	}
-	if v := run(noon, 6); len(v) != 1 || v[0].Invariant != InvQuota {
-		t.Errorf("6 of a quota of 5: %v, want a quota violation", v)
+	const ms = time.Millisecond
+	early := win(FaultKill, 50*ms, 150*ms)
+	kill := win(FaultClientKill, 50*ms, 60*ms)
+	restart, pause := win(FaultNodeKill, 20*ms, 40*ms), win(FaultPause, 50*ms, 150*ms)
+	for _, c := range []struct {
+		name      string
+		onError   string
+		start     time.Time
+		n         int
+		windows   []window
+		violation bool
+	}{
+		{"5 of a quota of 5", "local", noon, 5, nil, false},
+		{"6 of a quota of 5", "local", noon, 6, nil, true},
+		// Across midnight in Berlin: two periods, 10.
+		{"10 across midnight", "local", time.Date(2025, 3, 30, 23, 59, 59, 500e6, berlin), 10, nil, false},
+		// A Redis outage after 5 requests through the 3 nodes in turn,
+		// 100ms apart: every node heard a count that leaves its local
+		// quota of 5/3 = 1 nothing (its share of 2, 3 or 4, rounded up):
+		// no allowance.
+		{"6 with an outage after the quota was spent", "local", noon, 6, []window{win(FaultPause, 450*ms, 550*ms)}, true},
+		// An outage after one request: node 0 heard nothing before it
+		// sent its request, the others nothing at all: 1 stale in 3
+		// counts, one allowed (the local quotas could give out 3).
+		{"6 with stale counts of 1", "local", noon, 6, []window{early}, false},
+		{"7 with stale counts of 1", "local", noon, 7, []window{early}, true},
+		// A CLIENT KILL: Redis may decide for some nodes while the
+		// others count locally: what the local quotas could give out, 3.
+		{"8 with local quotas of 3", "local", noon, 8, []window{kill}, false},
+		{"9 with local quotas of 3", "local", noon, 9, []window{kill}, true},
+		// Node 1 was killed and restarted just before Redis paused: it
+		// knows no count and no fleet, and divides its local quota by 1:
+		// the local quotas could give out 1 + 5 + 1, 3 beyond the quota
+		// with the 1 admitted before.
+		{"8 with a node restarted before the outage", "local", noon, 8, []window{restart, pause}, false},
+		{"9 with a node restarted before the outage", "local", noon, 9, []window{restart, pause}, true},
+		// A zone that fails closed, and a Redis restarted empty: what the
+		// stalest node did not hear (1), and each node's probe (3).
+		{"9 failing closed with a data loss of 1 and 3 probes", "deny", noon, 9, []window{early}, false},
+		{"10 failing closed with a data loss of 1 and 3 probes", "deny", noon, 10, []window{early}, true},
+	} {
+		v := checkQuotasOf(t, c.onError, c.start, c.n, c.windows)
+		if c.violation && (len(v) != 1 || v[0].Invariant != InvQuota) {
+			t.Errorf("%s: %v, want a quota violation", c.name, v)
+		}
+		if !c.violation && len(v) != 0 {
+			t.Errorf("%s: %v", c.name, v)
+		}
 	}
-	// Across midnight in Berlin: two periods, 10.
-	if v := run(time.Date(2025, 3, 30, 23, 59, 59, 500e6, berlin), 10); len(v) != 0 {
-		t.Errorf("10 across midnight: %v", v)
+}
+
+// checkQuotasOf returns what checkQuotas finds in n requests of one key,
+// 100ms apart from start through 3 nodes in turn, in a zone with a quota
+// of 5 a day in Berlin, with the fault windows given (each of node 1).
+func checkQuotasOf(t *testing.T, onError string, start time.Time, n int, windows []window) []Violation {
+	z := &Zone{Name: "z0", Algorithm: TokenBucket, Rate: 1000, Per: time.Second, Cost: 1, OnError: onError, Quota: 5, QuotaPer: "day", QuotaTZ: "Europe/Berlin"}
+	cl := &Client{Kind: KindSteady, Cost: 1}
+	s := &Scenario{Topology: Single, Nodes: 3, Zones: []*Zone{z}, Targets: []*Target{{Path: "/t0", Zones: []int{0}}}}
+	for _, w := range windows {
+		s.Faults = append(s.Faults, Fault{Kind: w.kind, Node: 1}) // a kill -9: of node 1
 	}
-	// A Redis outage after 5 requests through the 3 nodes in turn, 100ms
-	// apart: every node heard a count that leaves its local quota of
-	// 5/3 = 1 nothing (its share of 2, 3 or 4, rounded up): no allowance.
-	late := window{kind: FaultPause, start: noon.Add(450 * time.Millisecond), end: noon.Add(550 * time.Millisecond)}
-	if v := run(noon, 6, late); len(v) != 1 {
-		t.Errorf("6 with an outage after the quota was spent: %v, want a violation", v)
+	o := &observed{seen: map[string]seenRequest{}, windows: windows}
+	for i := range n {
+		at := start.Add(time.Duration(i) * 100 * time.Millisecond)
+		q := &request{id: string(rune('a' + i)), client: cl, key: "k", cost: 1, node: i % 3, sent: at, done: at, status: 200}
+		o.requests = append(o.requests, q)
+		o.seen[q.id] = seenRequest{at: at, status: 200}
 	}
-	// An outage after one request: node 0 heard nothing before it sent
-	// its request, the others nothing at all: 1 stale in 3 counts, one
-	// allowed (the local quotas could give out 3).
-	early := window{kind: FaultKill, start: noon.Add(50 * time.Millisecond), end: noon.Add(150 * time.Millisecond)}
-	if v := run(noon, 6, early); len(v) != 0 {
-		t.Errorf("6 with stale counts of 1: %v", v)
+	c := &checker{s: s, o: o}
+	if figures := c.checkQuotas(); len(figures) != 1 {
+		t.Errorf("figures %q, want one key's", figures)
 	}
-	if v := run(noon, 7, early); len(v) != 1 {
-		t.Errorf("7 with stale counts of 1: %v, want a violation", v)
-	}
-	// A CLIENT KILL: Redis may decide for some nodes while the others
-	// count locally: what the local quotas could give out, 3.
-	kill := window{kind: FaultClientKill, start: noon.Add(50 * time.Millisecond), end: noon.Add(60 * time.Millisecond)}
-	if v := run(noon, 8, kill); len(v) != 0 {
-		t.Errorf("8 with local quotas of 3: %v", v)
-	}
-	if v := run(noon, 9, kill); len(v) != 1 {
-		t.Errorf("9 with local quotas of 3: %v, want a violation", v)
-	}
-	// Node 1 was killed and restarted just before Redis paused: it knows
-	// no count and no fleet, and divides its local quota by 1: the local
-	// quotas could give out 1 + 5 + 1, 3 beyond the quota with the 1
-	// admitted before.
-	restart := window{kind: FaultNodeKill, start: noon.Add(20 * time.Millisecond), end: noon.Add(40 * time.Millisecond)}
-	pause := window{kind: FaultPause, start: noon.Add(50 * time.Millisecond), end: noon.Add(150 * time.Millisecond)}
-	if v := run(noon, 8, restart, pause); len(v) != 0 {
-		t.Errorf("8 with a node restarted before the outage: %v", v)
-	}
-	if v := run(noon, 9, restart, pause); len(v) != 1 {
-		t.Errorf("9 with a node restarted before the outage: %v, want a violation", v)
-	}
-	// A zone that fails closed, and a Redis restarted empty: what the
-	// stalest node did not hear (1), and each node's probe (3).
-	z.OnError = "deny"
-	defer func() { z.OnError = "local" }()
-	if v := run(noon, 9, early); len(v) != 0 {
-		t.Errorf("9 failing closed with a data loss of 1 and 3 probes: %v", v)
-	}
-	if v := run(noon, 10, early); len(v) != 1 {
-		t.Errorf("10 failing closed with a data loss of 1 and 3 probes: %v, want a violation", v)
-	}
+	return c.out
+}
+
+func TestPeriodsTouched(t *testing.T) {
+	t.Parallel()
+	berlin, _ := time.LoadLocation("Europe/Berlin")
 	if n := periodsTouched(time.Date(2025, 1, 31, 12, 0, 0, 0, berlin), time.Date(2025, 3, 1, 0, 0, 0, 0, berlin), "month", berlin); n != 3 {
 		t.Errorf("31 January to 1 March touches %d months, want 3", n)
 	}
