@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +113,46 @@ func (c *DenyCache) Len() int {
 // clock (monotonic, with the system clock).
 func (c *DenyCache) now() int64 {
 	return int64(c.clock.Now().Sub(c.base) / time.Microsecond)
+}
+
+// decideCached is a decision's second layer: it denies, without the store,
+// what the deny cache (if any) shows cannot pass yet, and asks the outage
+// fallback's layer (decideStore) about the rest, learning its answer.
+func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Result) Outcome {
+	if l.cache == nil {
+		return l.decideStore(ctx, reqs, results)
+	}
+	var p probe
+	for {
+		denied, wait := l.cache.check(reqs, results, &p)
+		if denied {
+			l.observeCacheHit(reqs, results)
+			return Denied
+		}
+		if wait == nil {
+			break
+		}
+		// Another request is asking the store about one of these
+		// buckets; its answer may settle this one too.
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			l.cache.release(&p)
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The deadline came before the store's answer: a
+				// timeout, which each zone's policy answers.
+				return l.fail(ctx, reqs, results, ErrStoreTimeout)
+			}
+			return Canceled
+		}
+	}
+	sent := l.cache.now()
+	out := l.decideStore(ctx, reqs, results)
+	if out == Allowed || out == Denied {
+		l.cache.learn(reqs, results, sent, out == Allowed)
+	}
+	l.cache.release(&p)
+	return out
 }
 
 // check decides the request from the cache when it can. It returns denied
@@ -310,4 +352,167 @@ func (sh *denyShard) evict(now int64, limit int) {
 		}
 		delete(sh.m, id)
 	}
+}
+
+// remembered reports whether the deny cache keeps the rule's buckets' last
+// states: token and leaky buckets that are enforced, in zones whose
+// failure policy is local (for the local fallback), and enforced quotas
+// (for the fallback, and to seed an empty Redis). A bucket zone that fails
+// open or closed never reads them, so it does not pay for them (with many
+// keys a map write, and an eviction once the cache is full, per decision).
+func (r *Rule) remembered() bool {
+	switch {
+	case r.dryRun:
+		return false
+	case r.alg == Quota:
+		return true
+	}
+	return (r.alg == TokenBucket || r.alg == LeakyBucket) && r.onError == PolicyLocal
+}
+
+// quotaSeen is the count Redis last gave a quota key: in the period that
+// starts at microsecond start (a calendar instant, whoever's clock read
+// it), under rule.
+type quotaSeen struct {
+	rule         *Rule
+	key          string
+	count, start int64
+}
+
+// rememberQuota records the count of a quota key that the store gave in
+// res, for a decision sent at sent (cache microseconds), unless the key
+// was reset since. Its period starts at the instant the result tells
+// (the store's time, plus the time to the period's end, less its length).
+// Within a period it keeps the highest count heard: concurrent decisions
+// may come back in any order.
+func (c *DenyCache) rememberQuota(r *Rule, key string, res *Result, sent int64) {
+	q := quotaSeen{rule: r, key: key, count: res.owed,
+		start: res.at + int64(res.ResetAfter/time.Microsecond) - int64(res.Period/time.Microsecond)}
+	id := c.hash.id(r.bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.resetAfter(id, sent) { // cachereset.go
+		return
+	}
+	if sh.quotas == nil {
+		sh.quotas = make(map[bucketID]quotaSeen)
+		c.quotas.Store(true)
+	}
+	old, ok := sh.quotas[id]
+	if ok && old.start == q.start && old.count > q.count {
+		q.count = old.count
+	}
+	if !ok && len(sh.quotas) >= c.perShard {
+		for old := range sh.quotas { // map order is random
+			delete(sh.quotas, old)
+			if len(sh.quotas) < c.perShard {
+				break
+			}
+		}
+	}
+	sh.quotas[id] = q
+}
+
+// lastQuota returns the count Redis last gave the key under rule's quota
+// in the period that starts at microsecond start, and false when the
+// cache knows none of that period.
+func (c *DenyCache) lastQuota(r *Rule, key string, start int64) (int64, bool) {
+	id := c.hash.id(r.bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	q, ok := sh.quotas[id]
+	sh.mu.Unlock()
+	if !ok || q.start != start {
+		return 0, false
+	}
+	return q.count, true
+}
+
+// quotasSeen returns the quota keys the cache holds a count of, dropping
+// those whose period has ended by microsecond now.
+func (c *DenyCache) quotasSeen(now int64) []quotaSeen {
+	if !c.quotas.Load() {
+		return nil
+	}
+	var out []quotaSeen
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for id, q := range sh.quotas {
+			if start, _ := q.rule.periodAt(now); start != q.start {
+				delete(sh.quotas, id)
+				continue
+			}
+			out = append(out, q)
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// keepLast records a bucket's last state, making room first when the
+// shard holds limit of them (the ones already full, then any).
+func (sh *denyShard) keepLast(id bucketID, st State, limit int) {
+	if _, ok := sh.last[id]; !ok && len(sh.last) >= limit {
+		for old := range sh.last { // map order is random
+			delete(sh.last, old)
+			if len(sh.last) < limit {
+				break
+			}
+		}
+	}
+	sh.last[id] = st
+}
+
+// lastOwed returns how long, in microseconds from now, the bucket of the
+// key in rule's zone was to take to be full again by the last state the
+// store told of it, and false when the cache knows none (never seen, or
+// dropped). A full bucket owes 0.
+func (c *DenyCache) lastOwed(r *Rule, key string) (int64, bool) {
+	id := c.hash.id(r.bucket, key)
+	sh := &c.shards[id.shard()]
+	sh.mu.Lock()
+	st, ok := sh.last[id]
+	sh.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	return max(0, st.fullAt()-c.now()), true
+}
+
+// forgetReset drops what the cache holds of the key in the zone whose
+// buckets are named bucket (its denial and its last state, not its ban),
+// and ignores the answers to decisions sent before now.
+func (c *DenyCache) forgetReset(bucket, key string) {
+	id := c.hash.id(bucket, key)
+	sh := &c.shards[id.shard()]
+	now := c.now()
+	keep := resetsKeep.Microseconds()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.resets == nil {
+		sh.resets = make(map[bucketID]int64)
+	}
+	for old, at := range sh.resets {
+		if len(sh.resets) < c.perShard && at > now-keep {
+			break
+		}
+		delete(sh.resets, old)
+	}
+	sh.resets[id] = now
+	delete(sh.m, id)
+	delete(sh.last, id)
+	delete(sh.quotas, id)
+}
+
+// resetAfter reports whether the bucket id was reset at or after sent
+// (cache microseconds): an answer to a decision sent then describes the
+// bucket the reset deleted. The shard is locked.
+func (sh *denyShard) resetAfter(id bucketID, sent int64) bool {
+	if len(sh.resets) == 0 {
+		return false
+	}
+	at, ok := sh.resets[id]
+	return ok && at >= sent
 }

@@ -8,7 +8,6 @@ package limiter
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -273,7 +272,9 @@ func (l *Limiter) Store() Store { return l.store }
 
 // Decide decides one request against all its zones; see Store.Decide. When
 // the store fails, each zone's policy applies (see Outcome); zones left
-// unconsulted are marked Unknown.
+// unconsulted are marked Unknown. A decision passes through layers, each
+// asking the next: the node's prefetched spares (decideSpares), the deny
+// cache (decideCached), the outage fallback (decideStore), and the store.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) Outcome {
 	boundCosts(reqs) // before the spares and the deny cache count with them
 	for i := range reqs {
@@ -281,244 +282,24 @@ func (l *Limiter) Decide(ctx context.Context, reqs []Request, results []Result) 
 			reqs[i].Slot = l.slots.next()
 		}
 	}
-	gen := l.resets.gen.Load() // keys.go: resets during the decision
-	if sp := l.spares.Load(); sp != nil {
-		return l.decideWithSpares(ctx, sp, reqs, results, gen) // prefetch.go
-	}
-	if sp := l.startSpares(reqs); sp != nil {
-		return l.decideWithSpares(ctx, sp, reqs, results, gen)
-	}
-	out := l.decideCached(ctx, reqs, results)
-	if out == Allowed {
-		l.keepSpares(reqs, results, gen)
-	}
-	return out
+	return l.decideSpares(ctx, reqs, results)
 }
 
-// decideCached decides a request through the deny cache, if any, and the
-// store.
-func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Result) Outcome {
-	if l.cache == nil {
-		return l.decide(ctx, reqs, results)
+// Close refunds the spares this limiter holds and stops its
+// background work. Decisions must not be made after it.
+func (l *Limiter) Close() {
+	l.closeOnce.Do(func() {
+		close(l.stopFleet)
+		l.out.mu.Lock()
+		l.setPending(0) // chargesin.go: a limiter gone owes the fleet nothing
+		l.out.mu.Unlock()
+	})
+	l.sparesMu.Lock()
+	sp := l.spares.Swap(nil)
+	l.closed = true
+	l.sparesMu.Unlock()
+	if sp != nil {
+		close(sp.stop)
+		<-sp.done
 	}
-	var p probe
-	for {
-		denied, wait := l.cache.check(reqs, results, &p)
-		if denied {
-			l.observeCacheHit(reqs, results)
-			return Denied
-		}
-		if wait == nil {
-			break
-		}
-		// Another request is asking the store about one of these
-		// buckets; its answer may settle this one too.
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			l.cache.release(&p)
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				// The deadline came before the store's answer: a
-				// timeout, which each zone's policy answers.
-				return l.fail(ctx, reqs, results, ErrStoreTimeout)
-			}
-			return Canceled
-		}
-	}
-	sent := l.cache.now()
-	out := l.decide(ctx, reqs, results)
-	if out == Allowed || out == Denied {
-		l.cache.learn(reqs, results, sent, out == Allowed)
-	}
-	l.cache.release(&p)
-	return out
-}
-
-func (l *Limiter) decide(ctx context.Context, reqs []Request, results []Result) Outcome {
-	if l.out.pending.Load() > 0 { // outage.go: charges first
-		if l.returning(reqs) {
-			for i := range results {
-				results[i] = Result{Allowed: true, Unknown: true}
-			}
-			return l.decideLocal(ctx, reqs, results)
-		}
-		if l.awayWithCharges(reqs) {
-			// As good as an open breaker: the store is not called.
-			l.observeStore(l.observeStart(), errAwayWithCharges)
-			return l.fail(ctx, reqs, results, errAwayWithCharges)
-		}
-		if err := l.settle(ctx, reqs); err != nil {
-			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				return Canceled
-			}
-			return l.fail(ctx, reqs, results, err)
-		}
-	}
-	start := l.observeStart()
-	ok, err := l.store.Decide(ctx, reqs, results)
-	l.observeStore(start, err)
-	l.setStoreUp(err == nil)
-	if err == nil && l.out.pending.Load() > 0 {
-		l.flushCharges() // the store is back: charge every key
-	}
-	switch {
-	case err == nil && ok:
-		return Allowed
-	case err == nil:
-		l.noteBans(reqs, results) // bans.go: a ban starts on a denial
-		return Denied
-	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
-		return Canceled
-	}
-	return l.fail(ctx, reqs, results, err)
-}
-
-// breakered is a store with a circuit breaker.
-type breakered interface{ Breaker() *Breaker }
-
-// fail applies the zones' failure policies to a request the store could
-// not decide: deny wins over local, local over allow. A dry-run zone
-// denies nothing, so its deny policy fails nothing closed.
-func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
-	l.failed.Add(1)
-	if l.out.pending.Load() == 0 {
-		l.ledgerQuotas() // outage.go: an outage begins
-	}
-	if !errors.Is(err, ErrBreakerOpen) {
-		l.lastCause.Store(&err)
-	}
-	l.logFailure(err)
-	deny, local := false, false
-	for i := range reqs {
-		switch reqs[i].Rule.onError {
-		case PolicyDeny:
-			deny = deny || !reqs[i].Rule.dryRun
-		case PolicyLocal:
-			local = local || reqs[i].Rule.local != nil
-		}
-		results[i] = Result{Allowed: true, Unknown: true}
-	}
-	switch {
-	case deny:
-		retry := time.Second
-		if b, ok := l.store.(breakered); ok && b.Breaker() != nil {
-			retry = max(retry, b.Breaker().RetryAfter())
-		}
-		for i := range reqs {
-			if reqs[i].Rule.onError == PolicyDeny && !reqs[i].Rule.dryRun {
-				results[i] = Result{RetryAfter: retry, Unknown: true}
-			}
-		}
-		return FailedClosed
-	case local && l.local != nil:
-		return l.decideLocal(ctx, reqs, results)
-	}
-	return FailedOpen
-}
-
-// decideLocal decides the zones with the local policy on this node's
-// fallback buckets (each request as it is, reserve included, on the local
-// rule); the other zones stay Unknown.
-func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Result) Outcome {
-	var reqBuf [8]Request
-	var resBuf [8]Result
-	var idxBuf [8]int
-	var owedBuf [8]*owed
-	lreqs, idx, ledger := reqBuf[:0], idxBuf[:0], owedBuf[:0]
-	view := l.fleetSize() // divisor.go
-	for i := range reqs {
-		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
-			local, divisor := r.localFor(view)
-			l.logFallback(r, divisor)
-			var e *owed
-			if r.remembered() {
-				e = l.seed(&reqs[i], local, divisor) // outage.go
-			}
-			q := reqs[i]
-			q.Rule = local
-			lreqs = append(lreqs, q)
-			idx = append(idx, i)
-			ledger = append(ledger, e)
-		}
-	}
-	lres := resBuf[:]
-	if len(lreqs) > len(lres) {
-		lres = make([]Result, len(lreqs))
-	}
-	lres = lres[:len(lreqs)]
-	ok, err := l.local.Decide(ctx, lreqs, lres)
-	if err != nil {
-		return FailedOpen
-	}
-	for j, i := range idx {
-		results[i] = lres[j]
-		results[i].owed = 0
-	}
-	if ok {
-		for j, e := range ledger {
-			if e != nil {
-				l.out.admittedLocally(e, lreqs[j].Cost)
-			}
-		}
-		return LocalAllowed
-	}
-	return LocalDenied
-}
-
-// fallbackQuiet is how long no decision falls back to local buckets before
-// the next fallback is logged as a new start.
-const fallbackQuiet = 10 * time.Second
-
-// logFallback logs, when a fallback to local buckets starts, the divisor
-// of the zone's limit on this node.
-func (l *Limiter) logFallback(r *Rule, divisor int64) {
-	now := time.Now().UnixNano()
-	last := l.lastLocal.Load()
-	if now-last < int64(time.Second) {
-		return // logged or refreshed within the second: nothing new
-	}
-	if !l.lastLocal.CompareAndSwap(last, now) || now-last < int64(fallbackQuiet) {
-		return
-	}
-	source := "the largest fleet the fleet view saw in the last " + divisorWindow.String()
-	switch {
-	case r.fleetSize > 0:
-		source = "fleet_size"
-	case divisor == 1:
-		// A node started during the outage knows no fleet yet.
-		l.log.Warn("rate limit local fallback divides by 1: this node saw no other node lately and the zone sets no fleet_size; "+
-			"each node may admit the whole limit until Redis returns (set fleet_size to bound it)",
-			zap.String("zone", r.name))
-		source = "no fleet view and no fleet_size"
-	}
-	l.log.Warn("rate limit store cannot decide; zones with on_error local limit on this node's own buckets",
-		zap.String("zone", r.name), zap.Int64("divisor", divisor), zap.String("divisor_from", source),
-		zap.Int64("node_rate", max(1, r.rate/divisor)), zap.Duration("per", r.per))
-}
-
-// Failures returns how many decisions failed over to the policy so far.
-func (l *Limiter) Failures() uint64 { return l.failed.Load() }
-
-// logFailure logs a store error, at most once a second, with the number of
-// failures since the previous line.
-func (l *Limiter) logFailure(err error) {
-	now := time.Now().UnixNano()
-	last := l.lastLog.Load()
-	if now-last < int64(time.Second) || !l.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	if errors.Is(err, ErrBreakerOpen) {
-		if cause := l.lastCause.Load(); cause != nil {
-			err = fmt.Errorf("%w, after: %w", err, *cause)
-		}
-	}
-	msg := "rate limit store failed; each zone applies its failure policy (local unless set)"
-	switch {
-	case IsOOM(err):
-		msg = "Redis is out of memory: its maxmemory is reached and its maxmemory-policy refuses new buckets " +
-			"(set maxmemory-policy volatile-ttl); each zone applies its failure policy (local unless set)"
-	case IsAuth(err):
-		msg = "Redis refuses the rate limit store's credentials or commands; each zone applies its failure policy (local unless set)"
-	}
-	l.log.Warn(msg, zap.Error(err), zap.Uint64("failures_total", l.failed.Load()))
 }

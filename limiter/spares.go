@@ -7,56 +7,6 @@ import (
 	"time"
 )
 
-// Token prefetch: a hot key (a global zone, a tenant shared by thousands
-// of clients) puts every decision of every node on one Redis core. With
-// prefetch, a decision that the store admits takes up to Prefetch tokens
-// in the same script call: its cost, plus spares when the bucket holds
-// them. The node admits the key's next requests from its spares without
-// asking the store. They were charged in the store when they were taken,
-// so the fleet never admits more than burst + rate × elapsed: prefetch
-// stays exact. Unused spares go back (a refund) after PrefetchHold at the
-// latest, and when the limiter closes.
-//
-// The rule of the spares: a decision that leaves a tokens in the bucket
-// (after its cost and its reserve) takes min(Prefetch − cost, ⌊a/4⌋)
-// spares. So a prefetch never takes more than a quarter of what is left,
-// and a bucket holding fewer than 4 tokens gives none: the lower bound it
-// guarantees is that a node without spares finds at least ⌈3a/4⌉ of the
-// a tokens another node's prefetch found, and every token it could have
-// found below 4 — a fleet of many nodes at a low rate decides exactly as
-// without prefetch. Tokens a node holds are idle for the others for at
-// most PrefetchHold (a node that dies loses at most its spares, at most
-// Prefetch tokens, never more than the store charged).
-//
-// Pacing: a decision that could not take all the spares it wanted (the
-// bucket was low, or empty) makes the node leave the key's bucket alone
-// for a short pause — the time the zone's rate takes to refill the spares
-// it missed (pauseAfter); never longer than the bucket
-// takes to fill up, nor half the hold — while it admits from the spares it
-// got and then denies (Retry-After: the pause's rest) the requests of the
-// classes that are low: those whose decision would not get all its spares
-// either, by what the zone held at that decision (less the spares used
-// since), their cost and their reserve. So a class shed for its reserve
-// (analytics, 30%) paces itself only: a class the bucket still covers with
-// room for its spares (the critical one, reserve 0) is decided by the
-// store, and gets them. At saturation with N nodes asking, each once per
-// pause, the bucket settles where a call takes x = (w − N)/(N + 1) spares
-// of the w it wants: the refill of a pause, w − x, equals what the N
-// nodes' calls take, N × (x + 1); (N + 1)/(w + 1) calls per admission.
-//
-// While a node asks the store about a key, its other requests of the key
-// wait for that answer (prefetchflight.go), and spares of decisions that
-// were in flight together join (keep).
-//
-// Reserve: a request is admitted from spares only if the zone, its bucket
-// and this node's unused spares as last seen, keeps the request's reserve
-// after its cost, as the store would require. A saturated hot key
-// would otherwise be asked about by every request of every node and give
-// each of them little: paced, the bucket fills between the nodes' calls,
-// each call takes more, and the tokens not taken meanwhile stay in the
-// bucket for the next call (the bucket is far from full: none is lost).
-// A key under its rate finds its bucket full and is never paced.
-
 // Errors of a rule's prefetch.
 var (
 	// ErrPrefetchNotApplicable: prefetch on an algorithm other than the
@@ -130,7 +80,7 @@ type spare struct {
 	at        int64         // the store's time of the prefetch (a window's refund)
 	deadline  time.Time     // when the spares go back
 	// pause is when the node may ask the store about the key again,
-	// after a decision that found its bucket low (see Pacing).
+	// after a decision that found its bucket low (see Rule.pauseAfter).
 	pause time.Time
 }
 
@@ -139,10 +89,10 @@ type spare struct {
 type spares struct {
 	mu sync.Mutex
 	m  map[spareKey]*spare
-	// stats are each prefetching zone's counts (prefetchstats.go).
+	// stats are each prefetching zone's counts (PrefetchStats).
 	stats map[*Rule]*prefetchCounts
 	// flights are the keys this node is asking the store about for a
-	// prefetching zone (prefetchflight.go).
+	// prefetching zone (spareFlight).
 	flights map[spareKey]chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
@@ -155,6 +105,106 @@ func newSpares(l *Limiter, tick time.Duration) *spares {
 		flights: make(map[spareKey]chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.sweeper(l, tick)
 	return s
+}
+
+// decideSpares is a decision's first layer: it admits, from the node's
+// spares, the prefetching zones they cover, asks the deny cache's layer
+// (decideCached) about the rest, and keeps the spares that decision took.
+func (l *Limiter) decideSpares(ctx context.Context, reqs []Request, results []Result) Outcome {
+	gen := l.resets.gen.Load() // a key reset during the decision drops its spares
+	sp := l.spares.Load()
+	if sp == nil {
+		sp = l.startSpares(reqs)
+	}
+	if sp != nil {
+		return l.decideWithSpares(ctx, sp, reqs, results, gen)
+	}
+	out := l.decideCached(ctx, reqs, results)
+	if out == Allowed {
+		l.keepSpares(reqs, results, gen)
+	}
+	return out
+}
+
+// decideWithSpares decides a request, admitting from the node's spares the
+// prefetching zones they cover: a request they cover entirely needs no
+// store call; otherwise the other zones are decided by the store, all or
+// nothing, and a denial puts the spares taken back.
+func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Request, results []Result, gen uint64) Outcome {
+	var localBuf [8]bool
+	local := localBuf[:0]
+	if len(reqs) > len(localBuf) {
+		local = make([]bool, len(reqs))
+	} else {
+		local = localBuf[:len(reqs)]
+	}
+	var f spareFlight
+	var now time.Time
+	for {
+		now = time.Now()
+		covered, paced, wait := sp.take(reqs, results, local, now, &f)
+		if paced {
+			return Denied
+		}
+		if wait == nil {
+			defer sp.land(&f)
+			return l.decideUncovered(ctx, sp, reqs, results, local, covered, now, gen)
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return Canceled
+		}
+	}
+}
+
+// decideUncovered is decideWithSpares once take covered what it could; gen
+// is the reset generation when the decision started (keys.go).
+func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time, gen uint64) Outcome {
+	switch covered {
+	case 0:
+		out := l.decideCached(ctx, reqs, results)
+		if out == Allowed {
+			l.keepTaken(sp, reqs, results, gen)
+		}
+		if out == Allowed || out == Denied {
+			sp.pace(reqs, results, now, out == Denied, l.staleSince(gen))
+		}
+		return out
+	case len(reqs):
+		sp.countHits(reqs, local)
+		return Allowed
+	}
+	subReqs := make([]Request, 0, len(reqs)-covered)
+	idx := make([]int, 0, len(reqs)-covered)
+	for i := range reqs {
+		if !local[i] {
+			subReqs, idx = append(subReqs, reqs[i]), append(idx, i)
+		}
+	}
+	subRes := make([]Result, len(subReqs))
+	out := l.decideCached(ctx, subReqs, subRes)
+	for j, i := range idx {
+		results[i] = subRes[j]
+	}
+	if out == Allowed || out == Denied {
+		sp.pace(subReqs, subRes, now, out == Denied, l.staleSince(gen))
+	}
+	switch out {
+	case Allowed:
+		sp.countHits(reqs, local)
+		l.keepTaken(sp, subReqs, subRes, gen)
+	case LocalAllowed, FailedOpen:
+		// The request passes: the spares it used are spent.
+	default:
+		for i := range reqs {
+			if local[i] {
+				results[i] = Result{Allowed: true, Unknown: true}
+			}
+		}
+		sp.putBack(reqs, local)
+	}
+	return out
 }
 
 // take admits, from the node's spares, the zones of reqs whose rule
@@ -250,7 +300,7 @@ func (s *spares) undo(reqs []Request, local []bool) {
 }
 
 // pace starts the pause of each prefetching zone whose store decision (at
-// now) could not take all the spares it wanted (see Pacing). Of a denied
+// now) could not take all the spares it wanted (see Rule.pauseAfter). Of a denied
 // request, only the zones that denied it: one that would have admitted it
 // took no spares because another zone denied, not because it runs low. A
 // key reset since the decision was sent (stale, keys.go) is not paced.
@@ -295,7 +345,7 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 }
 
 // pauseAfter is how long a node leaves a key alone after a store decision
-// that took fewer spares than it wanted (see Pacing): the time the zone's
+// that took fewer spares than it wanted (pacing): the time the zone's
 // rate takes to refill the spares it missed; never longer than the bucket
 // takes to fill up from what the decision left (no token is lost to a full
 // bucket while the nodes wait), nor half the hold. (A pause multiplied by
@@ -414,25 +464,6 @@ func (s *spares) sweeper(l *Limiter, tick time.Duration) {
 	}
 }
 
-// Close refunds the spares this limiter holds and stops its
-// background work. Decisions must not be made after it.
-func (l *Limiter) Close() {
-	l.closeOnce.Do(func() {
-		close(l.stopFleet)
-		l.out.mu.Lock()
-		l.setPending(0) // chargesin.go: a limiter gone owes the fleet nothing
-		l.out.mu.Unlock()
-	})
-	l.sparesMu.Lock()
-	sp := l.spares.Swap(nil)
-	l.closed = true
-	l.sparesMu.Unlock()
-	if sp != nil {
-		close(sp.stop)
-		<-sp.done
-	}
-}
-
 // prefetchTick is how often expired spares are looked for: a small share
 // of the default hold.
 const prefetchTick = 20 * time.Millisecond
@@ -512,83 +543,45 @@ func (l *Limiter) keepTaken(sp *spares, reqs []Request, results []Result, gen ui
 	}
 }
 
-// decideWithSpares decides a request, admitting from the node's spares the
-// prefetching zones they cover: a request they cover entirely needs no
-// store call; otherwise the other zones are decided by the store, all or
-// nothing, and a denial puts the spares taken back.
-func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Request, results []Result, gen uint64) Outcome {
-	var localBuf [8]bool
-	local := localBuf[:0]
-	if len(reqs) > len(localBuf) {
-		local = make([]bool, len(reqs))
-	} else {
-		local = localBuf[:len(reqs)]
-	}
-	var f spareFlight
-	var now time.Time
-	for {
-		now = time.Now()
-		covered, paced, wait := sp.take(reqs, results, local, now, &f)
-		if paced {
-			return Denied
-		}
-		if wait == nil {
-			defer sp.land(&f)
-			return l.decideUncovered(ctx, sp, reqs, results, local, covered, now, gen)
-		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return Canceled
-		}
-	}
+// spareFlight is the keys one request claimed, to land when its decision is
+// kept.
+type spareFlight struct {
+	keys [4]spareKey
+	n    int
+	more []spareKey // beyond the fourth
 }
 
-// decideUncovered is decideWithSpares once take covered what it could; gen
-// is the reset generation when the decision started (keys.go).
-func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time, gen uint64) Outcome {
-	switch covered {
-	case 0:
-		out := l.decideCached(ctx, reqs, results)
-		if out == Allowed {
-			l.keepTaken(sp, reqs, results, gen)
-		}
-		if out == Allowed || out == Denied {
-			sp.pace(reqs, results, now, out == Denied, l.staleSince(gen))
-		}
-		return out
-	case len(reqs):
-		sp.countHits(reqs, local)
-		return Allowed
+// add claims k.
+func (f *spareFlight) add(k spareKey) {
+	if f.n < len(f.keys) {
+		f.keys[f.n] = k
+		f.n++
+		return
 	}
-	subReqs := make([]Request, 0, len(reqs)-covered)
-	idx := make([]int, 0, len(reqs)-covered)
-	for i := range reqs {
-		if !local[i] {
-			subReqs, idx = append(subReqs, reqs[i]), append(idx, i)
-		}
+	f.more = append(f.more, k)
+}
+
+// land ends the store calls f claimed, waking the requests waiting for
+// them.
+func (s *spares) land(f *spareFlight) {
+	if f.n == 0 && len(f.more) == 0 {
+		return
 	}
-	subRes := make([]Result, len(subReqs))
-	out := l.decideCached(ctx, subReqs, subRes)
-	for j, i := range idx {
-		results[i] = subRes[j]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range f.keys[:f.n] {
+		s.end(k)
 	}
-	if out == Allowed || out == Denied {
-		sp.pace(subReqs, subRes, now, out == Denied, l.staleSince(gen))
+	for _, k := range f.more {
+		s.end(k)
 	}
-	switch out {
-	case Allowed:
-		sp.countHits(reqs, local)
-		l.keepTaken(sp, subReqs, subRes, gen)
-	case LocalAllowed, FailedOpen:
-		// The request passes: the spares it used are spent.
-	default:
-		for i := range reqs {
-			if local[i] {
-				results[i] = Result{Allowed: true, Unknown: true}
-			}
-		}
-		sp.putBack(reqs, local)
+	f.n, f.more = 0, f.more[:0]
+}
+
+// end closes and forgets the spareFlight of k; the holder is locked.
+func (s *spares) end(k spareKey) {
+	if ch := s.flights[k]; ch != nil {
+		close(ch)
+		delete(s.flights, k)
 	}
-	return out
 }
