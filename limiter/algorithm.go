@@ -106,8 +106,9 @@ func (a Algorithm) windowed() bool {
 
 // Limits of the window algorithms' compact state (see State).
 const (
-	// MaxWindowLimit is the largest Rate of a window algorithm: counters
-	// have 21 bits.
+	// MaxWindowLimit is the largest Rate of a sliding window or a sliding
+	// log: counters have 21 bits. (A fixed window counts further: see
+	// MaxFixedWindowLimit.)
 	MaxWindowLimit = 1<<21 - 1
 	// maxSlidingWindowMS bounds a sliding window in milliseconds, so that
 	// counter x milliseconds stays exact in a double.
@@ -121,11 +122,13 @@ const (
 
 // Errors of the window algorithms' rules.
 var (
-	ErrWindowLimit  = fmt.Errorf("a window algorithm's rate must be at most %d per window", MaxWindowLimit)
-	ErrWindowLength = errors.New("a window must be a whole number of milliseconds, at least 1ms and under 24 days")
-	ErrMaxDelay     = errors.New("max_delay must not be negative")
-	ErrBadLimit     = errors.New("a concurrency limit must be a positive integer")
-	ErrBadLease     = errors.New("a lease must be a whole number of milliseconds, at least 1ms and under 24 days")
+	ErrWindowLimit = fmt.Errorf("a window algorithm's rate must be at most %d per window (a fixed window's %d)",
+		MaxWindowLimit, MaxFixedWindowLimit)
+	ErrWindowLength = errors.New("a window must be a whole number of milliseconds, at least 1ms and under 24 days " +
+		"(a fixed window: under 34 years)")
+	ErrMaxDelay = errors.New("max_delay must not be negative")
+	ErrBadLimit = errors.New("a concurrency limit must be a positive integer")
+	ErrBadLease = errors.New("a lease must be a whole number of milliseconds, at least 1ms and under 24 days")
 )
 
 // DefaultLease is how long a concurrency slot outlives a node that died
@@ -148,10 +151,14 @@ func compileRule(cfg RuleConfig) (*Rule, error) {
 		if rate <= 0 {
 			return nil, ErrBadRate
 		}
-		if rate > MaxWindowLimit {
+		maxRate, maxMS := int64(MaxWindowLimit), int64(maxSlidingWindowMS)
+		if alg == FixedWindow {
+			maxRate, maxMS = MaxFixedWindowLimit, maxFixedWindowMS
+		}
+		if rate > maxRate {
 			return nil, ErrWindowLimit
 		}
-		if per < time.Millisecond || per%time.Millisecond != 0 || int64(per/time.Millisecond) >= maxSlidingWindowMS {
+		if per < time.Millisecond || per%time.Millisecond != 0 || int64(per/time.Millisecond) >= maxMS {
 			return nil, ErrWindowLength
 		}
 		return &Rule{name: name, bucket: bucketName(name, alg), alg: alg, rate: rate, per: per, burst: rate, exact: true,
@@ -282,7 +289,7 @@ func (r *Rule) reserveTokens(pct int64) int64 {
 func (r *Rule) commit(v verdict, now, cost int64) (State, int64) {
 	switch r.alg {
 	case FixedWindow:
-		return r.windowState(now, 0, v.curr+cost+v.spares), now + r.windowUS - v.elapsed
+		return r.fixedState(now, v.curr+cost+v.spares), now + r.windowUS - v.elapsed
 	case SlidingWindow:
 		return r.windowState(now, v.prev, v.curr+cost), now + 2*r.windowUS - v.elapsed
 	case Concurrency:

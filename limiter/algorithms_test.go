@@ -30,6 +30,9 @@ func TestAlgorithmsRedisMatchesMemory(t *testing.T) {
 	rules := []*Rule{
 		mustAlgRule(t, "fw10", FixedWindow, 5, 10*time.Second, 0, 0),
 		mustAlgRule(t, "fw1h", FixedWindow, 100, time.Hour, 0, 0),
+		// Counts beyond the packed counters' 21 bits (a wide state).
+		mustAlgRule(t, "fwwide", FixedWindow, 3_000_000, 10*time.Second, 0, 0),
+		mustAlgRule(t, "fwmonth", FixedWindow, 4_000_000, 30*24*time.Hour, 0, 0),
 		mustAlgRule(t, "sw10", SlidingWindow, 4, 10*time.Second, 0, 0),
 		mustAlgRule(t, "sw1m", SlidingWindow, 30, time.Minute, 0, 0),
 		mustAlgRule(t, "sw1d", SlidingWindow, 1000, 24*time.Hour, 0, 0),

@@ -74,6 +74,7 @@ func policyRules(t testing.TB) []*Rule {
 		mustConfig(t, RuleConfig{Name: "ccdry", Algorithm: Concurrency, Rate: 1, Lease: lease, DryRun: true}),
 		mustConfig(t, RuleConfig{Name: "tbpf", Rate: 20, Per: time.Second, Burst: 20, Prefetch: 8, SoftShed: 50}),
 		mustConfig(t, RuleConfig{Name: "fwpf", Algorithm: FixedWindow, Rate: 30, Per: 10 * time.Second, Prefetch: 6, Refunds: true}),
+		mustConfig(t, RuleConfig{Name: "fwwide", Algorithm: FixedWindow, Rate: 3_000_000, Per: 10 * time.Second, Refunds: true}),
 	}
 }
 
@@ -426,7 +427,7 @@ func (p *policyTrace) redisBucket(r *Rule, key string, now int64) (string, bool)
 func stateCounts(r *Rule, s State, now int64) string {
 	switch r.alg {
 	case FixedWindow:
-		_, curr, _ := r.windowCounts(s, now)
+		curr, _ := r.fixedCounts(s, now)
 		return fmt.Sprintf("count %d", curr)
 	case SlidingWindow:
 		prev, curr, _ := r.windowCounts(s, now)

@@ -87,22 +87,24 @@ func (l *Limiter) Refunds() (asked, lost uint64) {
 // charges (full) and can be dropped.
 func (r *Rule) refund(e memEntry, now, cost, at int64) (st State, expires int64, keep bool) {
 	switch r.alg {
-	case FixedWindow, SlidingWindow:
+	case FixedWindow: // counts nothing after its window
+		curr, elapsed := r.fixedCounts(e.state, now)
+		if at/r.windowUS != now/r.windowUS || curr == 0 {
+			return e.state, e.expires, true
+		}
+		return r.fixedState(now, max(0, curr-cost)), now + r.windowUS - elapsed, true
+	case SlidingWindow:
 		prev, curr, elapsed := r.windowCounts(e.state, now)
 		w, aw := now/r.windowUS, at/r.windowUS
 		switch {
 		case aw == w && curr > 0:
 			curr = max(0, curr-cost)
-		case aw == w-1 && prev > 0 && r.alg == SlidingWindow:
+		case aw == w-1 && prev > 0:
 			prev = max(0, prev-cost)
 		default:
 			return e.state, e.expires, true
 		}
-		expires := now + 2*r.windowUS - elapsed
-		if r.alg == FixedWindow { // counts nothing after its window
-			prev, expires = 0, now+r.windowUS-elapsed
-		}
-		return r.windowState(now, prev, curr), expires, true
+		return r.windowState(now, prev, curr), now + 2*r.windowUS - elapsed, true
 	case Concurrency:
 		held := int64(e.state) - cost
 		return State(held), e.expires, held > 0

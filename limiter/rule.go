@@ -116,11 +116,13 @@ type RuleConfig struct {
 	Algorithm Algorithm
 	// Rate is how many tokens are refilled every Per (the window
 	// algorithms: how many requests a window of Per admits, at most
-	// MaxWindowLimit). Required: positive.
+	// MaxWindowLimit, a fixed window MaxFixedWindowLimit). Required:
+	// positive.
 	Rate int64
 	// Per is the refill period of Rate tokens: at least a microsecond. For
 	// the window algorithms it is the window: whole milliseconds, at least
-	// 1ms and under 24 days. Required.
+	// 1ms and under 24 days (a fixed window: under 2^40 ms, about 34
+	// years). Required.
 	Per time.Duration
 	// Burst is the bucket's capacity, token and leaky bucket only (the
 	// window algorithms take none). Default 0: Rate.

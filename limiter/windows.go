@@ -2,12 +2,57 @@ package limiter
 
 import "time"
 
+// A fixed window's state is the packed counters of the window algorithms
+// (windowState) while its count fits their 21 bits, as it always does
+// with a Rate up to MaxWindowLimit. A larger count is kept wide: the
+// negative of the window's index modulo 1024 times 2^42 plus the count,
+// still below 2^52 in magnitude, so exact in the doubles of the Lua
+// script (lua/fixed_window.lua). The sign tells the two apart: every other
+// state is positive, and the other algorithms read a negative one as
+// empty.
+const (
+	// MaxFixedWindowLimit is the largest Rate of a fixed window: its count
+	// has 42 bits in a wide state.
+	MaxFixedWindowLimit = 1<<wideCountBits - 1
+	wideCountBits       = 42
+	// maxFixedWindowMS bounds a fixed window in milliseconds (about 34
+	// years), so that a time and a window's length in microseconds add up
+	// exactly in a double.
+	maxFixedWindowMS = 1 << 40
+)
+
+// fixedCounts unpacks a fixed window's state as seen at microsecond now:
+// the current window's count (zero for another window's state), and the
+// microseconds into the current window.
+func (r *Rule) fixedCounts(s State, now int64) (curr, elapsed int64) {
+	if s >= 0 {
+		// A state from the previous window reports its count as prev:
+		// a fixed window forgets it.
+		_, curr, elapsed = r.windowCounts(s, now)
+		return curr, elapsed
+	}
+	w := now / r.windowUS
+	elapsed = now - w*r.windowUS
+	if wide := -int64(s); wide>>wideCountBits == w%windowIdxMod {
+		return wide & MaxFixedWindowLimit, elapsed
+	}
+	return 0, elapsed
+}
+
+// fixedState packs a fixed window's count at microsecond now: the window
+// algorithms' packed counters while the count fits them, else wide.
+func (r *Rule) fixedState(now, count int64) State {
+	if count <= MaxWindowLimit {
+		return r.windowState(now, 0, count)
+	}
+	idx := (now / r.windowUS) % windowIdxMod
+	return State(-(idx<<wideCountBits | count))
+}
+
 // fixedCheck evaluates a request against a fixed window counter: at most
 // Rate per window, the windows aligned to the clock.
 func (r *Rule) fixedCheck(s State, now, cost, res int64) verdict {
-	// A state from the previous window reports its count as prev: a fixed
-	// window forgets it.
-	_, curr, elapsed := r.windowCounts(s, now)
+	curr, elapsed := r.fixedCounts(s, now)
 	v := verdict{curr: curr, elapsed: elapsed}
 	switch {
 	case cost+res > r.rate:
@@ -20,7 +65,8 @@ func (r *Rule) fixedCheck(s State, now, cost, res int64) verdict {
 
 func (r *Rule) fixedResult(v verdict, charged bool, cost int64) Result {
 	end := r.windowUS - v.elapsed // until the window ends
-	res := Result{Remaining: r.rate - v.curr, ResetAfter: us(end)}
+	// A count above the rate (lowered in a reload) leaves nothing.
+	res := Result{Remaining: max(0, r.rate-v.curr), ResetAfter: us(end)}
 	if v.curr == 0 {
 		res.ResetAfter = 0
 	}

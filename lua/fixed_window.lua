@@ -1,13 +1,16 @@
 -- fixed_window.lua: at most limit per window, the windows aligned to Redis
 -- time. The state packs the window's index modulo 1024 and its count (21
 -- bits), so a key that outlives its window by a millisecond of TTL still
--- counts nothing in the next one. See limiter/windows.go.
+-- counts nothing in the next one. A count above 2^21 - 1 is kept wide: the
+-- negative of the index times 2^42 plus the count (every other state is
+-- positive). See limiter/windows.go.
 --
 -- Parameters: p1 window (us), p2 limit; aux the reserve (requests).
 -- Reports: flag, count in the current window, microseconds into it, 0.
 
 --@helpers
 local W_BITS = 2097152 -- 2^21: one counter
+local WIDE = 4398046511104 -- 2^42: a wide state's count
 
 -- win_unpack returns a window state's counts as seen now: the previous
 -- window's, the current one's, the microseconds into the current window,
@@ -36,10 +39,34 @@ local function win_write(ki, w, prev, curr, ttl_us)
   put(ki, ((w % 1024) * W_BITS + prev) * W_BITS + curr, ceil_div(ttl_us, 1000))
 end
 
+-- fw_unpack returns a fixed window's count as seen now, the microseconds
+-- into the window, and the window's index: from a wide state, or as
+-- win_unpack reads the packed counters.
+local function fw_unpack(ki, window)
+  local v = vals[ki]
+  if type(v) == 'string' then v = tonumber(v) end
+  if type(v) ~= 'number' or v >= 0 then
+    local _, curr, elapsed, w = win_unpack(ki, window)
+    return curr, elapsed, w
+  end
+  local w = floor(now / window)
+  if floor(-v / WIDE) ~= w % 1024 then return 0, now - w * window, w end
+  return -v % WIDE, now - w * window, w
+end
+
+-- fw_write stores (puts) a fixed window's count: packed while it fits 21
+-- bits, else wide.
+local function fw_write(ki, w, count, ttl_us)
+  if count < W_BITS then
+    win_write(ki, w, 0, count, ttl_us)
+  else
+    put(ki, -((w % 1024) * WIDE + count), ceil_div(ttl_us, 1000))
+  end
+end
+
 --@check
-local _
 local res = auxn -- the requests the request must leave
-_, r1, r2 = win_unpack(ki, p1)
+r1, r2 = fw_unpack(ki, p1)
 if cost + res > p2 then flag = NEVER elseif r1 + cost + res <= p2 then flag = ADMIT else flag = DENY end
 
 --@commit
@@ -49,11 +76,11 @@ if rule[R_PREFETCH] > cost then
   sp = max(0, min(rule[R_PREFETCH] - cost, floor((p2 - r1 - cost - auxn) / 4)))
   reply[c + Z_R3] = sp
 end
-win_write(ki, floor(now / p1), 0, r1 + cost + sp, p1 - r2)
+fw_write(ki, floor(now / p1), r1 + cost + sp, p1 - r2)
 
 --@refund
 -- Only the window that counted the charge (aux: its time) gives it back.
-local _, curr, elapsed, w = win_unpack(ki, p1)
+local curr, elapsed, w = fw_unpack(ki, p1)
 if curr > 0 and floor(auxn / p1) == w then
-  win_write(ki, w, 0, max(0, curr - cost), p1 - elapsed)
+  fw_write(ki, w, max(0, curr - cost), p1 - elapsed)
 end

@@ -1,7 +1,6 @@
 package rls
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -106,10 +105,6 @@ func (rs *rules) compile(l *config.Limit) (*rule, error) {
 		// nothing: the service decides what it means for the request.
 		DryRun: l.ShadowMode || l.QuotaMode,
 	})
-	if l.Algorithm == limiter.FixedWindow && (errors.Is(err, limiter.ErrWindowLength) || errors.Is(err, limiter.ErrWindowLimit)) {
-		return nil, fmt.Errorf("%d per %s: %w; fixed windows hold at most %d requests and last under 24 days "+
-			"(give the rule algorithm: token_bucket)", l.RequestsPerUnit, l.Unit, err, limiter.MaxWindowLimit)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("%d per %s: %w", l.RequestsPerUnit, l.Unit, err)
 	}

@@ -53,7 +53,7 @@ func TestRefuseExtensions(t *testing.T) {
 		{"fractional burst", rl("      unit: second\n      requests_per_unit: 5\n      algorithm: token_bucket\n      burst: 1.5\n"), "f.yaml:8", "whole number"},
 		{"zero rate with an algorithm", rl("      unit: second\n      requests_per_unit: 0\n      algorithm: token_bucket\n"), "f.yaml:7", "rate must be a positive integer"},
 		{"window too long", rl("      unit: month\n      requests_per_unit: 5\n      algorithm: sliding_window\n"), "f.yaml:7", "under 24 days"},
-		{"window limit too high", rl("      unit: second\n      requests_per_unit: 4000000000\n      algorithm: fixed_window\n"), "f.yaml:7", "at most 2097151"},
+		{"window limit too high", rl("      unit: second\n      requests_per_unit: 4000000000\n      algorithm: sliding_window\n"), "f.yaml:7", "at most 2097151"},
 		{"unlimited with algorithm", rl("      unlimited: true\n      algorithm: token_bucket\n"), "f.yaml:6", "remove algorithm"},
 		{"unlimited with burst", rl("      unlimited: true\n      burst: 3\n"), "f.yaml:6", "remove burst"},
 		{"empty zone", rl("      zone: ''\n"), "f.yaml:5", "zone is empty"},
