@@ -268,7 +268,10 @@ func (h *Handler) wait(w http.ResponseWriter, r *http.Request, ds []zoneDecision
 				ce.Write(zap.String("zone", d.zone.Name), zap.Duration("waited", waited), zap.Duration("turn", turn))
 			}
 			if waited >= turn {
-				w.Header()[hdrDelay] = []string{delayMillis(waited)}
+				// A cut that lost the race with the timer by a few
+				// scheduling ticks waited past the delay: the request was
+				// told the delay, at most max_delay.
+				w.Header()[hdrDelay] = []string{delayMillis(min(waited, delay))}
 				return nil
 			}
 			w.Header()[hdrDelay] = []string{delayMillis(turn)}
