@@ -30,10 +30,12 @@ func init() {
 
 // App serves ShouldRateLimit over gRPC, on plaintext HTTP/2 (h2c) and/or
 // TLS, with the standard gRPC health service beside it. Its rules come
-// from envoyproxy/ratelimit's YAML files in ConfigDir, read again at every
-// config load (`caddy reload`). A reload starts the new configuration's
-// servers beside the old ones (the ports are shared) and stops the old
-// ones gracefully: calls in flight are answered.
+// either from envoyproxy/ratelimit's YAML files in ConfigDir, followed as
+// they change, or over xDS from a management server (XDS), as the
+// reference's CONFIG_TYPE chooses FILE or GRPC_XDS_SOTW. A reload
+// (`caddy reload`) starts the new configuration's servers beside the old
+// ones (the ports are shared) and stops the old ones gracefully: calls in
+// flight are answered.
 type App struct {
 	// Listen are the addresses that serve plaintext gRPC (HTTP/2 with
 	// prior knowledge, as Envoy's cluster with http2_protocol_options
@@ -49,8 +51,18 @@ type App struct {
 	// ConfigDir is the directory of envoyproxy/ratelimit's configuration:
 	// one YAML file per domain, subdirectories included, files and
 	// directories whose names start with a dot skipped (a Kubernetes
-	// ConfigMap mounted as the directory reads as it should). Required.
+	// ConfigMap mounted as the directory reads as it should). Required,
+	// unless the rules come over XDS; not both.
 	ConfigDir string `json:"config_dir,omitempty"`
+
+	// XDS subscribes to the rules over xDS (state of the world), as
+	// Envoy Gateway configures its rate limit service, instead of
+	// reading ConfigDir. Until the first update arrives no domain is
+	// known and every call is answered OK, as the reference's with
+	// FORCE_START_WITHOUT_INITIAL_CONFIG (which Envoy Gateway sets);
+	// after a reload, the previous configuration's last rules decide
+	// until the new stream has an answer.
+	XDS *XDS `json:"xds,omitempty"`
 
 	// Redis shares the buckets through Redis: the same settings as the
 	// rate_limit handler's redis block (single, Sentinel, Cluster, TLS,
@@ -112,7 +124,9 @@ type App struct {
 	limiter   *limiter.Limiter
 	service   *service
 	servers   []*server
-	watcher   *watcher
+	watcher   *watcher      // nil when the rules come over xDS
+	xds       *subscription // nil when the rules come from ConfigDir
+	lastXDS   *lastXDS      // from lastXDSPool, with xds
 }
 
 // CaddyModule returns the Caddy module information.
@@ -139,9 +153,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("tls: %w", err)
 		}
 	}
-	cfg, err := config.LoadDir(a.ConfigDir)
+	cfg, err := a.initialRules()
 	if err != nil {
-		return fmt.Errorf("config_dir: %w", err)
+		return err
 	}
 	for _, w := range cfg.Warnings() {
 		a.logger.Warn("rate limit service configuration", zap.String("warning", w))
@@ -157,6 +171,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rules, err := compileRules(cfg, policy, a.FleetSize, a.store.Store)
+	if err != nil && a.XDS != nil {
+		// Rules an earlier configuration accepted but this one cannot
+		// compile: none until the server sends them again, to be NACKed.
+		a.logger.Warn("rate limit service: the last rules received over xDS do not compile here", zap.Error(err))
+		cfg = nil
+		rules, err = compileRules(cfg, policy, a.FleetSize, a.store.Store)
+	}
 	if err != nil {
 		return fmt.Errorf("config_dir: %w", err)
 	}
@@ -166,15 +187,50 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.limiter = limiter.New(a.store.Store, opt)
 	a.service = newService(rules, a.limiter, a.bounds(), a.logger)
-	every := time.Duration(a.ConfigRefreshInterval)
-	if every == 0 {
-		every = defaultRefreshInterval
+	if a.XDS != nil {
+		apply := func(cfg *config.Config) error {
+			rs, err := compileRules(cfg, policy, a.FleetSize, a.store.Store)
+			if err != nil {
+				return err
+			}
+			a.service.rules.Store(rs)
+			return nil
+		}
+		if a.xds, err = newSubscription(a.XDS, apply, a.lastXDS, a.logger); err != nil {
+			return fmt.Errorf("xds: %w", err)
+		}
+	} else {
+		every := time.Duration(a.ConfigRefreshInterval)
+		if every == 0 {
+			every = defaultRefreshInterval
+		}
+		a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
+			store: a.store.Store, service: a.service, logger: a.logger}
 	}
-	a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
-		store: a.store.Store, service: a.service, logger: a.logger}
 	a.logger.Info("rate limit service configured",
 		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
 	return nil
+}
+
+// initialRules returns the rules the app starts with: ConfigDir's, or
+// the last that the same xDS server and node sent an earlier
+// configuration (none at the first).
+func (a *App) initialRules() (*config.Config, error) {
+	if a.XDS == nil {
+		cfg, err := config.LoadDir(a.ConfigDir)
+		if err != nil {
+			return nil, fmt.Errorf("config_dir: %w", err)
+		}
+		return cfg, nil
+	}
+	v, _, err := lastXDSPool.LoadOrNew(lastXDSKey(a.XDS), func() (caddy.Destructor, error) {
+		return new(lastXDS), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.lastXDS = v.(*lastXDS)
+	return a.lastXDS.get(), nil
 }
 
 // zonesFirst provisions Caddy's http app, whose rate_limit handlers
@@ -192,8 +248,11 @@ func zonesFirst(ctx caddy.Context, cfg *config.Config) error {
 // Validate checks the configuration without reading files or connecting.
 func (a *App) Validate() error {
 	switch {
-	case a.ConfigDir == "":
-		return errors.New("config_dir is required: the directory of envoyproxy/ratelimit's YAML files")
+	case a.ConfigDir == "" && a.XDS == nil:
+		return errors.New("config_dir or xds is required: the directory of envoyproxy/ratelimit's YAML files, " +
+			"or the xDS server that sends the rules")
+	case a.ConfigDir != "" && a.XDS != nil:
+		return errors.New("config_dir and xds exclude each other: the rules come from files or over xDS")
 	case a.FleetSize < 0:
 		return limiter.ErrBadFleetSize
 	case a.MaxKeys < 0 || a.MaxDescriptors < 0 || a.MaxEntries < 0 || a.MaxEntryBytes < 0:
@@ -212,6 +271,11 @@ func (a *App) Validate() error {
 			return fmt.Errorf("tls: %w", err)
 		}
 	}
+	if a.XDS != nil {
+		if err := a.XDS.validate(); err != nil {
+			return fmt.Errorf("xds: %w", err)
+		}
+	}
 	if a.Redis != nil {
 		if err := a.Redis.Validate(); err != nil {
 			return fmt.Errorf("redis: %w", err)
@@ -220,9 +284,17 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start opens the listeners, serves on them and watches ConfigDir.
+// Start opens the listeners, serves on them and watches ConfigDir or
+// subscribes over xDS.
 func (a *App) Start() error {
-	a.watcher.start()
+	if a.watcher != nil {
+		a.watcher.start()
+	}
+	if a.xds != nil {
+		if err := a.xds.start(); err != nil {
+			return err
+		}
+	}
 	addrs, _ := a.addresses() // validated
 	for _, addr := range addrs {
 		srv, err := a.startServer(addr)
@@ -235,13 +307,17 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop stops watching ConfigDir and stops the servers: each stops
+// Stop stops watching ConfigDir or ends the xDS subscription (the rules
+// it received stay for the next configuration), and stops the servers: each stops
 // accepting, tells its clients to go (HTTP/2 GOAWAY), and lets the calls in
 // flight finish for at most GracePeriod.
 func (a *App) Stop() error {
 	if a.watcher != nil && a.watcher.stop != nil {
 		a.watcher.close()
 		a.watcher.stop = nil
+	}
+	if a.xds != nil {
+		a.xds.close()
 	}
 	grace := time.Duration(a.GracePeriod)
 	if grace == 0 {
@@ -259,6 +335,9 @@ func (a *App) Stop() error {
 func (a *App) Cleanup() error {
 	if a.limiter != nil {
 		a.limiter.Close()
+	}
+	if a.lastXDS != nil {
+		_, _ = lastXDSPool.Delete(lastXDSKey(a.XDS))
 	}
 	return a.store.Release()
 }

@@ -21,6 +21,18 @@ func init() {
 //	    rate_limit_rls {
 //	        listen <addresses...>
 //	        config_dir <directory>
+//	        xds {
+//	            address <host:port>
+//	            node_id <id>
+//	            tls {
+//	                cert_file <file>
+//	                key_file <file>
+//	                ca_file <file>
+//	                server_name <name>
+//	            }
+//	            backoff_initial <duration>
+//	            backoff_max <duration>
+//	        }
 //	        redis {
 //	            # as in the rate_limit directive
 //	        }
@@ -100,6 +112,12 @@ func (a *App) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 		}
 		a.TLS = new(TLS)
 		return a.TLS.unmarshalCaddyfile(d)
+	case "xds":
+		if a.XDS != nil {
+			return d.Err("rate_limit_rls: only one xds block is allowed")
+		}
+		a.XDS = new(XDS)
+		return a.XDS.unmarshalCaddyfile(d)
 	}
 	var arg string
 	if !d.Args(&arg) || d.NextArg() {
@@ -129,7 +147,7 @@ func (a *App) unmarshalSetting(d *caddyfile.Dispenser, sub string) error {
 	default:
 		field, ok := counts[sub]
 		if !ok {
-			return d.Errf("unknown rate_limit_rls setting %q (want listen, config_dir, redis, tls, on_error, fleet_size, "+
+			return d.Errf("unknown rate_limit_rls setting %q (want listen, config_dir, xds, redis, tls, on_error, fleet_size, "+
 				"max_keys, max_descriptors, max_entries, max_entry_bytes, config_refresh_interval or grace_period)", sub)
 		}
 		n, err := strconv.Atoi(arg)
@@ -174,6 +192,81 @@ func (t *TLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if err := t.validate(); err != nil {
 		return start.Errf("rate_limit_rls tls: %v", err)
+	}
+	return nil
+}
+
+// unmarshalCaddyfile reads the xds block, the dispenser on `xds`.
+func (x *XDS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	start := *d
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if sub == "tls" {
+			if x.TLS != nil {
+				return d.Err("rate_limit_rls xds: only one tls block is allowed")
+			}
+			x.TLS = new(XDSTLS)
+			if err := x.TLS.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+			continue
+		}
+		var arg string
+		if !d.Args(&arg) || d.NextArg() {
+			return d.Errf("rate_limit_rls xds %s takes one argument", sub)
+		}
+		switch sub {
+		case "address":
+			x.Address = arg
+		case "node_id":
+			x.NodeID = arg
+		case "backoff_initial", "backoff_max":
+			dur, err := caddy.ParseDuration(arg)
+			if err != nil || dur <= 0 {
+				return d.Errf("rate_limit_rls xds %s must be a positive duration, got %q", sub, arg)
+			}
+			if sub == "backoff_initial" {
+				x.BackoffInitial = caddy.Duration(dur)
+			} else {
+				x.BackoffMax = caddy.Duration(dur)
+			}
+		default:
+			return d.Errf("unknown rate_limit_rls xds setting %q (want address, node_id, tls, backoff_initial or backoff_max)", sub)
+		}
+	}
+	if err := x.validate(); err != nil {
+		return start.Errf("rate_limit_rls xds: %v", err)
+	}
+	return nil
+}
+
+// unmarshalCaddyfile reads the xds block's tls block, the dispenser on
+// `tls`; an empty block (or none) is TLS with the system's authorities.
+func (t *XDSTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		var arg string
+		if !d.Args(&arg) || d.NextArg() {
+			return d.Errf("rate_limit_rls xds tls %s takes one argument", sub)
+		}
+		switch sub {
+		case "cert_file":
+			t.CertFile = arg
+		case "key_file":
+			t.KeyFile = arg
+		case "ca_file":
+			t.CAFile = arg
+		case "server_name":
+			t.ServerName = arg
+		default:
+			return d.Errf("unknown rate_limit_rls xds tls setting %q (want cert_file, key_file, ca_file or server_name)", sub)
+		}
 	}
 	return nil
 }

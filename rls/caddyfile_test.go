@@ -67,7 +67,7 @@ func TestCaddyfileAdapt(t *testing.T) {
 // line of the setting at fault and what is wrong.
 func TestCaddyfileMistakes(t *testing.T) {
 	for _, c := range []struct{ caddyfile, want string }{
-		{"{\n\trate_limit_rls {\n\t\tlisten :8081\n\t}\n}", "config_dir is required"},
+		{"{\n\trate_limit_rls {\n\t\tlisten :8081\n\t}\n}", "config_dir or xds is required"},
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\tlisten\n\t}\n}", "Caddyfile:4"},
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\ton_error maybe\n\t}\n}", `on_error must be local, deny or allow, got "maybe"`},
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\tmax_entries many\n\t}\n}", "Caddyfile:4"},
@@ -75,6 +75,11 @@ func TestCaddyfileMistakes(t *testing.T) {
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\ttls {\n\t\t\tcert_file c\n\t\t}\n\t}\n}", "listen is required"},
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\tredis {\n\t\t\tpassword x\n\t\t}\n\t}\n}", "address is required"},
 		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\tlisten :1-5\n\t}\n}", "one port"},
+		{"{\n\trate_limit_rls {\n\t\tconfig_dir /d\n\t\txds {\n\t\t\taddress x:1\n\t\t}\n\t}\n}", "config_dir and xds exclude each other"},
+		{"{\n\trate_limit_rls {\n\t\txds {\n\t\t\tnode_id n\n\t\t}\n\t}\n}", "address is required: the xDS management server, at Caddyfile:3"},
+		{"{\n\trate_limit_rls {\n\t\txds {\n\t\t\taddress x:1\n\t\t\tnode n\n\t\t}\n\t}\n}", `xds setting "node" (want address, node_id, tls, backoff_initial or backoff_max), at Caddyfile:5`},
+		{"{\n\trate_limit_rls {\n\t\txds {\n\t\t\taddress x:1\n\t\t\ttls {\n\t\t\t\tcert_file c\n\t\t\t}\n\t\t}\n\t}\n}", "cert_file and key_file go together"},
+		{"{\n\trate_limit_rls {\n\t\txds {\n\t\t\taddress x:1\n\t\t\tbackoff_initial 2s\n\t\t\tbackoff_max 1s\n\t\t}\n\t}\n}", "backoff_max must not be shorter"},
 	} {
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.caddyfile), nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
