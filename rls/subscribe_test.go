@@ -189,10 +189,9 @@ func TestXDSSubscription(t *testing.T) {
 		{"3", &rlsconf.RateLimitConfig{Name: "broken", Domain: "other", Descriptors: []*rlsconf.RateLimitDescriptor{
 			{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unlimited: true, Unit: rlsconf.RateLimitUnit_DAY}},
 		}}, `rate limit config "broken": descriptors[0].rate_limit.unit: an unlimited rule takes no unit`},
-		// Loads, but no fixed window holds a month: refused when compiled.
-		{"4", &rlsconf.RateLimitConfig{Name: "monthly", Domain: "other", Descriptors: []*rlsconf.RateLimitDescriptor{
-			{Key: "user", RateLimit: &rlsconf.RateLimitPolicy{Unit: 5 /* MONTH, of a newer server */, RequestsPerUnit: 9}},
-		}}, `rate limit config "monthly": descriptors[0]`},
+		// Two resources of one domain.
+		{"4", &rlsconf.RateLimitConfig{Name: "again", Domain: "mesh"},
+			`rate limit config "again": duplicate domain "mesh" (first defined at rate limit config "mesh-rules")`},
 	} {
 		m.set(c.version, meshLimit(7), c.bad)
 		nack := m.answer(c.version, true)
