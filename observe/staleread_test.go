@@ -42,17 +42,7 @@ func TestCachedReadNeverWaitsOnASlowRead(t *testing.T) {
 		t.Fatalf("unanswered first read: %+v after %s, want an error within %s", r, took, wait)
 	}
 	close(block) // Redis answers from now on
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		r, _ = get()
-		if r.ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no value 5 s after the read could answer: %+v", r)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	r = readUntil(t, get, func(r reading[int]) bool { return r.ok }, "no value after the read could answer")
 	if r.val != 1 || r.stale || r.at.IsZero() {
 		t.Fatalf("answered read: %+v, want 1, fresh, with its time", r)
 	}
@@ -79,19 +69,26 @@ func TestCachedReadNeverWaitsOnASlowRead(t *testing.T) {
 
 	// Redis answers again: the read in flight ends, and its value is served.
 	close(block)
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		r, _ = get()
-		if r.ok && r.val == 2 && !r.stale {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still %+v 5 s after Redis answered again", r)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	r = readUntil(t, get, func(r reading[int]) bool { return r.ok && r.val == 2 && !r.stale }, "no fresh value after Redis answered again")
 	if !r.at.After(firstAt) {
 		t.Fatalf("a fresh value read at %s, not after %s", r.at, firstAt)
+	}
+}
+
+// readUntil calls get every 5ms until what it reads satisfies ok, for at
+// most 5 s, and returns that reading.
+func readUntil(t *testing.T, get func() (reading[int], time.Duration), ok func(reading[int]) bool, what string) reading[int] {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, _ := get()
+		if ok(r) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %+v after 5 s", what, r)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -172,6 +172,68 @@ func TestClusterOfTwo(t *testing.T) {
 	c.Reshard(to, other, 10)
 }
 
+// loadKeys is how many keys incrLoad increments.
+const loadKeys = 64
+
+// incrLoad increments keys load:0 to load:63 at random from 8 goroutines
+// through go-redis's cluster client, which follows MOVED and ASK, counting
+// what it incremented.
+type incrLoad struct {
+	rdb      *redis.ClusterClient
+	counts   [loadKeys]atomic.Int64
+	failures atomic.Int64
+	firstErr atomic.Value
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// startIncrLoad starts the load on the cluster c.
+func startIncrLoad(c *Cluster) *incrLoad {
+	l := &incrLoad{rdb: redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
+	for range 8 {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for ctx.Err() == nil {
+				k := rand.IntN(loadKeys)
+				if err := l.rdb.Incr(context.Background(), "load:"+strconv.Itoa(k)).Err(); err != nil {
+					l.failures.Add(1)
+					l.firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				l.counts[k].Add(1)
+			}
+		}()
+	}
+	return l
+}
+
+// check stops the load and checks that no command failed and that every
+// key holds the increments made.
+func (l *incrLoad) check(t *testing.T, c *Cluster) {
+	t.Helper()
+	l.stop()
+	l.wg.Wait()
+	if n := l.failures.Load(); n > 0 {
+		t.Errorf("%d commands of the load failed while slots moved; the first: %v", n, l.firstErr.Load())
+	}
+	var total int64
+	for k := range loadKeys {
+		want := l.counts[k].Load()
+		total += want
+		got, err := c.Do("GET", "load:"+strconv.Itoa(k))
+		if want == 0 && got == "(nil)" {
+			continue
+		}
+		if err != nil || got != strconv.FormatInt(want, 10) {
+			t.Errorf("load:%d = %q (%v), want the %d increments made", k, got, err, want)
+		}
+	}
+	t.Logf("%d increments during the moves", total)
+}
+
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
@@ -197,31 +259,8 @@ func TestCluster(t *testing.T) {
 		owner[k] = c.NodeForSlot(slot[k])
 	}
 
-	// Load while the slots move: go-redis's cluster client, which follows
-	// MOVED and ASK, counting what it incremented.
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
-	defer rdb.Close()
-	const loadKeys = 64
-	var counts [loadKeys]atomic.Int64
-	var failures atomic.Int64
-	var firstErr atomic.Value
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				k := rand.IntN(loadKeys)
-				if err := rdb.Incr(context.Background(), "load:"+strconv.Itoa(k)).Err(); err != nil {
-					failures.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-					continue
-				}
-				counts[k].Add(1)
-			}
-		}()
-	}
+	load := startIncrLoad(c)
+	defer load.rdb.Close()
 	time.Sleep(100 * time.Millisecond)
 
 	from, to := nodes[0], nodes[1]
@@ -246,25 +285,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("slot %d is not on %s", hot, target.Addr)
 	}
 	time.Sleep(100 * time.Millisecond)
-	stop()
-	wg.Wait()
-
-	if n := failures.Load(); n > 0 {
-		t.Errorf("%d commands of the load failed while slots moved; the first: %v", n, firstErr.Load())
-	}
-	var total int64
-	for k := range loadKeys {
-		want := counts[k].Load()
-		total += want
-		got, err := c.Do("GET", "load:"+strconv.Itoa(k))
-		if want == 0 && got == "(nil)" {
-			continue
-		}
-		if err != nil || got != strconv.FormatInt(want, 10) {
-			t.Errorf("load:%d = %q (%v), want the %d increments made", k, got, err, want)
-		}
-	}
-	t.Logf("%d increments during the moves", total)
+	load.check(t, c)
 
 	moved := 0
 	for i := range before {
