@@ -29,7 +29,9 @@
 // -max-foreign percent of Caddy's CPU or of the load's.
 //
 // With -rls it measures the Envoy rate limit service (rate_limit_rls)
-// against the reference, envoyproxy/ratelimit, instead: see runRLS.
+// against the reference, envoyproxy/ratelimit, instead: see runRLS; with
+// -rls-hang it times that service's answers while Redis hangs: see
+// runRLSHang.
 package main
 
 import (
@@ -237,6 +239,7 @@ type options struct {
 	rls        bool   // run the RLS comparison (rls.go) instead
 	rlsCallers int    // concurrent callers of the RLS load
 	rlsRef     string // a reference service_cmd binary; empty: build it from tools
+	rlsHang    bool   // time the RLS answers while Redis hangs (rlshang.go) instead
 }
 
 func main() {
@@ -245,6 +248,10 @@ func main() {
 	defer e.Close()
 	if o.rls {
 		runRLS(e, o)
+		return
+	}
+	if o.rlsHang {
+		runRLSHang(e, o)
 		return
 	}
 	b := newBench(e, o)
@@ -291,6 +298,7 @@ func parseFlags() options {
 	flag.StringVar(&o.profile, "profile", "redis/keys", "after the rounds, take a 10s CPU profile of Caddy in these configurations, store/scenario separated by commas (scenarios: hot, keys, fields, bare, 429, deny, ban, light); empty: none")
 	flag.BoolVar(&o.rls, "rls", false, "measure the Envoy RLS service (rate_limit_rls) against the reference, envoyproxy/ratelimit, instead of the HTTP handler (uses -rounds, -duration, -warmup, -keys, -pin, -caddy)")
 	flag.IntVar(&o.rlsCallers, "rls-callers", 32, "with -rls: closed-loop callers, each with one call in flight")
+	flag.BoolVar(&o.rlsHang, "rls-hang", false, "time the Envoy RLS service's answers while Redis hangs (SIGSTOP), per on_error policy, instead (uses -duration, -warmup, -rls-callers, -caddy)")
 	flag.StringVar(&o.rlsRef, "rls-reference", "", "with -rls: the reference's service_cmd binary; empty: build it from the tools module")
 	flag.Parse()
 	if o.rounds < 1 || o.conns < 1 || o.duration < time.Second {

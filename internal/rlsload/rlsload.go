@@ -56,9 +56,9 @@ type Result struct {
 	// Errors counts the other failed calls; FirstError is the first one.
 	Errors     int64
 	FirstError string
-	// P50, P99 and Max are the latencies of all calls, failed ones
-	// included.
-	P50, P99, Max time.Duration
+	// P50, P99, P999 (the 99.9th percentile) and Max are the latencies
+	// of all calls, failed ones included.
+	P50, P99, P999, Max time.Duration
 }
 
 // PerSecond returns the calls answered per second.
@@ -173,6 +173,7 @@ func merge(tallies []tally, elapsed time.Duration) Result {
 	slices.Sort(lat)
 	r.P50 = lat[len(lat)*50/100]
 	r.P99 = lat[min(len(lat)*99/100, len(lat)-1)]
+	r.P999 = lat[min(len(lat)*999/1000, len(lat)-1)]
 	r.Max = lat[len(lat)-1]
 	return r
 }
