@@ -38,7 +38,7 @@ const (
 	Concurrency
 	// Quota: at most Rate per calendar period (RuleConfig.Period, in
 	// RuleConfig.Location), starting afresh at each period's first
-	// instant (quota.go). One counter per key, kept until the period
+	// instant (quotaRule). One counter per key, kept until the period
 	// ends.
 	Quota
 )
@@ -213,12 +213,12 @@ type verdict struct {
 	slots int64
 
 	// spares are the tokens a prefetching zone took beyond the cost
-	// (after already counts them; see prefetch.go).
+	// (after already counts them; see Rule.takeSpares).
 	spares int64
 
 	// delay is, for an admitted request of a soft-shedding token bucket,
 	// how long it waits before it is passed on, in microseconds
-	// (softshed.go).
+	// (Rule.shedDelay).
 	delay int64
 
 	// res is the reserve the request must leave (see Rule.reserveUnits).

@@ -3,17 +3,13 @@ package limiter
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
+	"weak"
 )
 
-// Ban management: the stores keep a registry of the bans their zones start
-// (RuleConfig.Ban), so that an operator can list them and lift one across
-// the fleet. The limiter hands a store each ban that a denial started; the
-// store keeps it (in Redis for the fleet, see redisbans.go; in memory for
-// this process, see membanlist.go) until it ends. Lifting a ban (Unban)
-// deletes it where the decisions read it, drops it from the registry and
-// from the deny caches that learned it, on this node at once and, with
-// Redis, on every other node through a pub/sub channel (redisunban.go).
+// Bans, the registry: the bans a store's zones started, listed and lifted
+// across the fleet (BanKeeper), and the deny caches told of a lift.
 
 // MaxBanRecords is how many bans a store's registry keeps per zone at most:
 // those that end last. A ban left out still holds; it is only not listed.
@@ -140,4 +136,57 @@ func (l *Limiter) Unban(ctx context.Context, rule *Rule, key string) (BanRecord,
 		return BanRecord{}, false, ErrNoBanRegistry
 	}
 	return k.Unban(ctx, rule.name, rule.bucket, key)
+}
+
+// cacheSet is the set of deny caches of one store.
+type cacheSet struct {
+	mu     sync.Mutex
+	caches []weak.Pointer[DenyCache]
+}
+
+// add puts c in the set, and drops the caches collected since.
+func (s *cacheSet) add(c *DenyCache) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.caches[:0]
+	for _, p := range s.caches {
+		if v := p.Value(); v != nil && v != c {
+			kept = append(kept, p)
+		}
+	}
+	clear(s.caches[len(kept):])
+	s.caches = append(kept, weak.Make(c))
+}
+
+// live returns the caches of the set still in use.
+func (s *cacheSet) live() []*DenyCache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*DenyCache, 0, len(s.caches))
+	for _, p := range s.caches {
+		if v := p.Value(); v != nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// forget makes every cache of the set forget the key in the zone whose
+// buckets are named bucket (see DenyCache.Forget) now and, when again is
+// positive, once more after again.
+func (s *cacheSet) forget(bucket, key string, again time.Duration) {
+	caches := s.live()
+	if len(caches) == 0 {
+		return
+	}
+	for _, c := range caches {
+		c.Forget(bucket, key)
+	}
+	if again > 0 {
+		time.AfterFunc(again, func() {
+			for _, c := range caches {
+				c.Forget(bucket, key)
+			}
+		})
+	}
 }

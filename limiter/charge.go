@@ -2,10 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
-	"net"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
@@ -46,60 +42,11 @@ type charger interface {
 	Charge(ctx context.Context, charges []Charge) error
 }
 
-// Charge charges each key's bucket what the local fallback admitted from it
-// (token and leaky buckets, and quotas with their seeds: see
-// Charge.Period), or a settlement (settle.go: token buckets and quotas);
-// the others are skipped: one script call per key, queued like refunds and
-// sent together, bounded by the store's timeout. A charge may leave a
-// bucket in debt beyond its capacity: the key's next requests then wait
-// for the refill the outage already spent. It goes through the circuit
-// breaker as a decision does, and returns the first error.
-func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
-	allowed, probe := s.breaker.allow()
-	if !allowed {
-		return ErrBreakerOpen
-	}
-	ctx, cancel := s.timeoutContext(ctx)
-	defer cancel()
-	calls := make([]*call, 0, len(charges))
-	for i := range charges {
-		ch := &charges[i]
-		if ch.empty() || !ch.Rule.chargeable() {
-			continue
-		}
-		cost, aux := int64(1), any(lua.ChargeAux-min(ch.Ticks, lua.MaxChargeDebt))
-		if ch.outage() {
-			cost, aux = 1+ch.Rule.quotaCapped(ch.Ticks), lua.SeedAux-ch.Rule.quotaSeed(ch.Seen, ch.Period)
-		}
-		calls = append(calls, &call{
-			script: s.refund,
-			done:   make(chan struct{}, 1),
-			keys:   []string{s.Key(ch.Rule.bucket, ch.Key)},
-			rules:  []*Rule{ch.Rule},
-			costs:  []int64{cost},
-			aux:    []any{aux},
-		})
-	}
-	var firstErr error
-	for _, err := range s.sendAll(ctx, calls) {
-		firstErr = orErr(firstErr, err)
-	}
-	switch {
-	case firstErr == nil:
-		if s.breaker.succeed() {
-			s.bans.breakerClosed() // breakerclose.go
-		}
-	case probe:
-		s.breaker.Failure()
-	}
-	return firstErr
-}
-
 // Charge charges each key's bucket as the Redis store's Charge does, with
 // the same arithmetic as the refund script's charge mode: a token or leaky
 // bucket may be left owing more than its capacity, at most
 // lua.MaxChargeDebt ticks; a quota's current period counts the charge
-// (settle.go). It never fails.
+// (Limiter.Settle). It never fails.
 func (s *MemoryStore) Charge(_ context.Context, charges []Charge) error {
 	for i := range charges {
 		ch := &charges[i]
@@ -180,32 +127,4 @@ func (r *Rule) chargeable() bool {
 // anything: the Redis store.
 type pinger interface {
 	Ping(ctx context.Context) error
-}
-
-// Ping asks Redis whether it answers (a PING), through the circuit breaker
-// as a decision would go, within the store's timeout. A node with charges
-// to make probes the store this way rather than with a request, which
-// Redis would decide ahead of the charges.
-func (s *RedisStore) Ping(ctx context.Context) error {
-	if _, probe := s.breaker.allow(); !probe && s.breaker.State() != BreakerClosed {
-		return ErrBreakerOpen
-	}
-	ctx, cancel := s.timeoutContext(ctx)
-	defer cancel()
-	var refused redis.Error // Redis answered, if only to refuse: it is up
-	if err := s.client.Ping(ctx).Err(); err != nil && !errors.As(err, &refused) {
-		s.breaker.Failure()
-		var nerr net.Error
-		switch {
-		case ctx.Err() != nil:
-			return s.ctxErr(ctx)
-		case errors.As(err, &nerr) && nerr.Timeout(): // the socket's deadline: the context's
-			return s.errTimeout
-		}
-		return err
-	}
-	if s.breaker.succeed() {
-		s.bans.breakerClosed() // breakerclose.go
-	}
-	return nil
 }

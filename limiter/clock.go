@@ -13,7 +13,7 @@ import "time"
 //
 // Every option of type Clock defaults to the system clock, time.Now.
 // (Builds with the fleetlimit_clockskew tag shift that default by
-// FLEETLIMIT_CLOCK_SKEW, for the fleet tests; see clock_skew.go.)
+// FLEETLIMIT_CLOCK_SKEW, for the fleet tests; see skewedClock.)
 type Clock interface {
 	// Now returns the current time. It must be safe for concurrent use.
 	Now() time.Time

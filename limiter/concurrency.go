@@ -8,11 +8,8 @@ import (
 	"time"
 )
 
-// The concurrency algorithm: at most Rate requests of a key in flight at
-// once. In Redis a key is a sorted set of the slots held (lua/concurrency.lua),
-// each scored by the end of its lease, so that the slots of a node that died
-// are freed after the lease; in memory it is a count of slots held (the
-// State), and a process that dies takes its slots with it.
+// The concurrency algorithm: at most Rate requests of a key in flight at once,
+// each holding a slot until it is refunded or its lease ends.
 
 // concurrencyRule compiles a concurrency zone's rule: cfg.Rate slots,
 // leases of cfg.Lease (default DefaultLease).

@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// The deny cache, a decision's second layer (Limiter.decideCached): denials
+// the store has shown, answered on this node, and the last state the store told
+// of each bucket.
+
 // defaultDenyCacheSize is how many buckets a deny cache remembers unless
 // told otherwise.
 const defaultDenyCacheSize = 1 << 16
@@ -44,7 +48,7 @@ type DenyCache struct {
 
 	hits    atomic.Uint64
 	learned atomic.Uint64
-	// quotas reports that a shard holds quota counts (lastseen.go).
+	// quotas reports that a shard holds quota counts (quotaSeen).
 	quotas atomic.Bool
 }
 
@@ -53,9 +57,9 @@ type denyShard struct {
 	m      map[bucketID]State
 	bans   map[bucketID]int64         // banned buckets: when the ban ends (cache microseconds)
 	flight map[bucketID]chan struct{} // store calls in progress for cached buckets
-	last   map[bucketID]State         // every bucket's last state the store told (lastseen.go)
-	quotas map[bucketID]quotaSeen     // every quota's last count the store told (lastseen.go); nil until one
-	resets map[bucketID]int64         // buckets reset lately: when (cachereset.go); nil until one is
+	last   map[bucketID]State         // every bucket's last state the store told (keepLast)
+	quotas map[bucketID]quotaSeen     // every quota's last count the store told (rememberQuota); nil until one
+	resets map[bucketID]int64         // buckets reset lately: when (forgetReset); nil until one is
 	_      [16]byte
 }
 
@@ -253,7 +257,7 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 			continue
 		}
 		if r.alg == Quota { // remembered: a count, not a time
-			c.rememberQuota(r, reqs[i].Key, res, sent) // lastseen.go
+			c.rememberQuota(r, reqs[i].Key, res, sent)
 			continue
 		}
 		worth := (admitted && res.Remaining < reqs[i].Cost) || (!admitted && !res.Allowed)
@@ -261,12 +265,12 @@ func (c *DenyCache) learn(reqs []Request, results []Result, sent int64, admitted
 		id := c.hash.id(r.bucket, reqs[i].Key)
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()
-		if sh.resetAfter(id, sent) { // cachereset.go: the answer is of a bucket since deleted
+		if sh.resetAfter(id, sent) { // the answer is of a bucket since deleted
 			sh.mu.Unlock()
 			continue
 		}
 		if remembered {
-			sh.keepLast(id, st, c.perShard) // lastseen.go
+			sh.keepLast(id, st, c.perShard)
 		}
 		old, ok := sh.m[id]
 		switch {
@@ -392,7 +396,7 @@ func (c *DenyCache) rememberQuota(r *Rule, key string, res *Result, sent int64) 
 	sh := &c.shards[id.shard()]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.resetAfter(id, sent) { // cachereset.go
+	if sh.resetAfter(id, sent) {
 		return
 	}
 	if sh.quotas == nil {

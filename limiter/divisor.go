@@ -8,15 +8,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// The divisor of the local fallback buckets. A zone without fleet_size
-// divides its limit by the fleet's size as the fleet view (Options.FleetSize)
-// reports it. The view lives in Redis: right after Redis restarts empty, or
-// fails over, it sees this node alone, and a node that took that for the
-// fleet's size would raise its local rate n-fold in the middle of the
-// outage. So the limiter keeps the largest size the view reported within
-// divisorWindow, sampled once a second, and a smaller view lowers it only
-// once the larger one is that old, and never while the zones are deciding
-// locally. Each change is logged with the old and new value and why.
+// The divisor of the local fallback buckets: the largest fleet size seen
+// lately.
 
 // divisorWindow is how long the largest fleet size seen is kept.
 const divisorWindow = 10 * time.Minute

@@ -9,6 +9,9 @@ import (
 	"go.uber.org/zap"
 )
 
+// The outage fallback, a decision's third layer (Limiter.decideStore): the
+// store call, and each zone's failure policy when the store cannot decide.
+
 // decideStore is a decision's third layer, the outage fallback around the
 // store: it charges the store first for what this node admitted locally
 // during an outage, asks the store, and when the store cannot decide
@@ -44,7 +47,7 @@ func (l *Limiter) decideStore(ctx context.Context, reqs []Request, results []Res
 	case err == nil && ok:
 		return Allowed
 	case err == nil:
-		l.noteBans(reqs, results) // bans.go: a ban starts on a denial
+		l.noteBans(reqs, results) // a ban starts on a denial
 		return Denied
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return Canceled
@@ -61,7 +64,7 @@ type breakered interface{ Breaker() *Breaker }
 func (l *Limiter) fail(ctx context.Context, reqs []Request, results []Result, err error) Outcome {
 	l.failed.Add(1)
 	if l.out.pending.Load() == 0 {
-		l.ledgerQuotas() // outage.go: an outage begins
+		l.ledgerQuotas() // an outage begins
 	}
 	if !errors.Is(err, ErrBreakerOpen) {
 		l.lastCause.Store(&err)
@@ -104,14 +107,14 @@ func (l *Limiter) decideLocal(ctx context.Context, reqs []Request, results []Res
 	var idxBuf [8]int
 	var owedBuf [8]*owed
 	lreqs, idx, ledger := reqBuf[:0], idxBuf[:0], owedBuf[:0]
-	view := l.fleetSize() // divisor.go
+	view := l.fleetSize()
 	for i := range reqs {
 		if r := reqs[i].Rule; r.onError == PolicyLocal && r.local != nil {
 			local, divisor := r.localFor(view)
 			l.logFallback(r, divisor)
 			var e *owed
 			if r.remembered() {
-				e = l.seed(&reqs[i], local, divisor) // outage.go
+				e = l.seed(&reqs[i], local, divisor)
 			}
 			q := reqs[i]
 			q.Rule = local

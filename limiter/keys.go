@@ -10,21 +10,8 @@ import (
 	"weak"
 )
 
-// A client key, looked up and reset by an operator (support: "why is this
-// customer denied?"). Peek reads what each of a zone's buckets holds for a
-// key, its ban and the denials counted towards the next one, without
-// charging anything: with Redis one read-only script call (lua/peek.lua),
-// in memory a read under the shard's lock. ResetKey makes the key's
-// buckets in the zone full again for the whole fleet: the buckets are
-// deleted where decisions read them, and every node's limiters forget
-// what they hold of the key (the deny cache's denial and last state, the
-// prefetched spares, the local fallback bucket), on this node before
-// ResetKey returns and, with Redis, on the others as a message on the
-// store's ban channel reaches them (rediskeys.go).
-//
-// A reset leaves alone what is not a bucket: a concurrency zone's slots
-// (each is a request in flight, which frees it when it ends, or its lease
-// does), a ban and the denials counted towards one (lifted by Unban).
+// A client key looked up and reset by an operator (Limiter.Peek,
+// Limiter.ResetKey), on every node's limiters.
 
 // ErrNoKeyKeeper is the error of a key lookup or reset on a store that
 // cannot look keys up (neither a RedisStore nor a MemoryStore).
@@ -142,7 +129,7 @@ func (l *Limiter) watchResets() {
 // spares.
 func (l *Limiter) forgetKey(buckets []string, key string) {
 	l.resets.note(buckets, key)
-	l.out.forget(buckets, key) // outage.go: a quota's seed
+	l.out.forget(buckets, key) // a quota's seed
 	for _, b := range buckets {
 		if l.cache != nil {
 			l.cache.forgetReset(b, key)

@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// A key looked up and reset in the memory store (keys.go): this process's
-// buckets, read and deleted under their shard's lock.
+// A key looked up and reset in the memory store (KeyKeeper).
 
 // Peek implements KeyKeeper: the key's state under each rule, by the
 // store's clock, without charging anything or trimming any log.

@@ -17,7 +17,7 @@ type shard struct {
 	mu   sync.Mutex
 	m    bucketTable             // the buckets (all but sliding logs)
 	logs map[bucketID]*logBucket // sliding logs, kept apart: they hold slices
-	bans map[bucketID]banEntry   // denial counts and bans (see membans.go)
+	bans map[bucketID]banEntry   // denial counts and bans (see banEntry)
 	// rebuilt holds the quotas that outage charges rebuilt lately, and
 	// what they added (quotaOutageCharge); nil until one is.
 	rebuilt map[bucketID]memEntry
@@ -55,8 +55,8 @@ type MemoryStore struct {
 	evictMu   sync.Mutex
 	evictions map[uint32]uint64 // by zone tag
 
-	banList banRegistry // the bans started here, by key (membanlist.go)
-	lims    limiterSet  // the limiters told of keys reset (memkeys.go)
+	banList banRegistry // the bans started here, by key
+	lims    limiterSet  // the limiters told of keys reset
 
 	sweep chan time.Duration // a new sweep interval for the sweeper
 	stop  chan struct{}
@@ -134,7 +134,7 @@ func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result
 		r, cost := reqs[i].Rule, reqs[i].Cost
 		charged := admit && verdicts[i].ok
 		if charged && cost > 0 {
-			r.takeSpares(&verdicts[i], cost) // prefetch.go
+			r.takeSpares(&verdicts[i], cost)
 			s.commit(&s.shards[ids[i].shard()], ids[i], r, verdicts[i], now, cost, limit)
 		}
 		results[i] = r.result(verdicts[i], charged, cost)
@@ -160,7 +160,7 @@ func (s *MemoryStore) decideOne(q *Request, res *Result) bool {
 	r, cost := q.Rule, q.Cost
 	admit := v.ok || r.dryRun
 	if v.ok && cost > 0 {
-		r.takeSpares(&v, cost) // prefetch.go
+		r.takeSpares(&v, cost)
 		s.commit(sh, id, r, v, now, cost, limit)
 	}
 	*res = r.result(v, v.ok, cost)
@@ -261,7 +261,7 @@ func (s *MemoryStore) makeRoom(sh *shard, limit int, now int64) {
 	for limit > 0 && sh.m.n+len(sh.logs)+len(sh.bans) >= limit {
 		zone, lost, ok := sh.evict(now)
 		if !ok {
-			zone, lost, ok = sh.evictBan(now) // membans.go
+			zone, lost, ok = sh.evictBan(now)
 		}
 		if !ok {
 			return

@@ -8,55 +8,8 @@ import (
 	"time"
 )
 
-// Across an outage. While the store cannot decide, a zone with the local
-// policy decides on this node's bucket, with the zone's rate and burst
-// divided by the fleet's size. Two things keep the fleet within the bound
-// across the outage, not only inside it:
-//
-//   - A key's local bucket starts from what Redis last said of the key's
-//     bucket (lastseen.go): the same moment of being full again. A local
-//     bucket holds a 1/n share of the tokens and refills at 1/n of the
-//     rate, so owing a share of the tokens takes the same time: the n
-//     local buckets of the fleet together hold what the shared one held,
-//     refilled since at the whole rate. A key never seen starts full, at
-//     burst / n.
-//   - What the local bucket admitted is charged to the key's Redis bucket
-//     when Redis answers again (Charge), before this node lets Redis decide
-//     the key again. The charge is the tokens admitted, but no more than
-//     the local bucket owes at that moment (its share of what the shared
-//     bucket would owe): a Redis bucket that stayed put during the outage
-//     refilled as the local buckets did, and the admissions are its debt;
-//     one that refilled to full (or restarted empty) owes exactly what the
-//     local buckets owe. A charge may leave the bucket owing more than its
-//     capacity.
-//   - The nodes do not come back to Redis at the same moment (the breaker
-//     closes on each as its probe, the ban channel's message or its
-//     subscription tells it Redis answers: a fraction of a second apart).
-//     A node back first would decide on a bucket that the others' charges
-//     have not reached yet, and give out their shares again. So a node
-//     that comes back sends its charges at once, but keeps deciding the
-//     keys of zones with the local policy on its local buckets (charged in
-//     turn) until every node's charges are in, or returnGraceMax has
-//     passed (chargesin.go).
-//
-// Quotas alike, by the calendar: a key's local quota (n / fleet size per
-// period) starts from its share of the count Redis last gave this node in
-// the period, and what it admitted in the period is charged to Redis when
-// it returns, in that period only (a count from a period that has ended
-// is not charged to the next). Redis may return empty (restarted, or a
-// replica promoted that had not heard of the key): so when the store
-// first fails, every quota key of which this node heard a count in the
-// current period enters the ledger too (whatever its zone's failure
-// policy), and its charge carries that count, the seed. Redis raises the
-// key's count to at least the seed before it adds the charge: an empty
-// Redis starts from the highest count any node heard, not from zero
-// (lua/quota.lua). Only what no node heard of is lost: the requests Redis
-// decided but whose answers it never sent.
-//
-// The keys with a charge to make are kept in a ledger of at most
-// maxOutageKeys entries per limiter (the quota keys that enter it with a
-// seed alone, at most half of it); a key that finds it full decides on its
-// local bucket as it starts (full) and is charged nothing.
+// The outage ledger: what local buckets admitted while the store could not
+// decide, charged to the store when it answers again.
 
 // maxOutageKeys bounds the ledger of the keys decided locally during an
 // outage.
@@ -96,7 +49,7 @@ type outage struct {
 	pending  atomic.Int64
 	flushing atomic.Bool
 	pinging  atomic.Bool
-	awaiting atomic.Bool // chargesin.go
+	awaiting atomic.Bool // awaitFleetCharges runs
 	// graceUntil is when the grace after Redis came back ends (unix
 	// nanoseconds; 0: none).
 	graceUntil atomic.Int64
@@ -178,7 +131,7 @@ func (l *Limiter) ledgerQuotas() {
 	if len(seen) == 0 {
 		return
 	}
-	view := l.fleetSize() // divisor.go
+	view := l.fleetSize()
 	o := &l.out
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -401,7 +354,7 @@ func (l *Limiter) flushCharges() {
 	}
 	go func() {
 		if need, ok := l.flushAll(ch); ok {
-			l.awaitFleetCharges(need) // chargesin.go: in the grace, until the fleet's are in
+			l.awaitFleetCharges(need) // in the grace, until the fleet's are in
 		}
 	}()
 }
@@ -457,12 +410,12 @@ func (l *Limiter) setStoreUp(up bool) {
 	if up && l.out.pending.Load() > 0 {
 		l.out.graceUntil.Store(time.Now().Add(returnGraceMax).UnixNano())
 		l.storeUp.Store(up)
-		l.announceCharging() // chargesin.go
+		l.announceCharging()
 		return
 	}
 	l.storeUp.Store(up)
 	if up {
-		l.nothingToCharge() // chargesin.go
+		l.nothingToCharge()
 	}
 }
 
@@ -530,4 +483,73 @@ func (l *Limiter) returning(reqs []Request) bool {
 // the store, how many keys wait to be, and how many a full ledger left out.
 func (l *Limiter) OutageCharges() (charged uint64, pending int64, left uint64) {
 	return l.out.charged.Load(), l.out.pending.Load(), l.out.full.Load()
+}
+
+// chargeBarrier is a store shared by the fleet that can count the nodes
+// whose charges are in: the Redis store.
+type chargeBarrier interface {
+	// ChargesIn records that this node's charges are in and returns how
+	// many nodes' are, within chargedWindow.
+	ChargesIn(ctx context.Context) (int64, error)
+}
+
+// awaitFleetCharges is run by a node whose charges are in, in its grace:
+// it records them and ends the grace once need nodes' are in, or lets it
+// run out.
+func (l *Limiter) awaitFleetCharges(need int64) {
+	b, ok := l.store.(chargeBarrier)
+	if !ok || !l.out.awaiting.CompareAndSwap(false, true) {
+		return
+	}
+	defer l.out.awaiting.Store(false)
+	t := time.NewTicker(chargedPoll)
+	defer t.Stop()
+	for {
+		until := l.out.graceUntil.Load()
+		if until == 0 || time.Now().UnixNano() >= until {
+			return
+		}
+		if n, err := b.ChargesIn(context.Background()); err == nil && n >= need {
+			l.out.graceUntil.CompareAndSwap(until, time.Now().UnixNano()) // returning() ends it
+			return
+		}
+		<-t.C
+	}
+}
+
+// nothingToCharge records, in the background, that this node (whose store
+// came back, with no charges to make) does not hold the others' grace up.
+func (l *Limiter) nothingToCharge() {
+	if b, ok := l.store.(chargeBarrier); ok {
+		go func() { _, _ = b.ChargesIn(context.Background()) }()
+	}
+}
+
+// owingStore is a store that knows whether any of its limiters has local
+// admissions to charge: the Redis store.
+type owingStore interface {
+	owe(delta int64)
+}
+
+// setPending records the ledger's length, and tells the store when the
+// limiter starts or stops owing charges. l.out.mu is held.
+func (l *Limiter) setPending(n int64) {
+	was := l.out.pending.Swap(n)
+	s, ok := l.store.(owingStore)
+	switch {
+	case !ok:
+	case was == 0 && n > 0:
+		s.owe(1)
+	case was > 0 && n == 0:
+		s.owe(-1)
+	}
+}
+
+// announceCharging tells the fleet, in the background, that this node is
+// back with charges to make, so that the nodes with none add themselves to
+// the set at once.
+func (l *Limiter) announceCharging() {
+	if s, ok := l.store.(*RedisStore); ok {
+		s.bans.publish(chargingMsg)
+	}
 }

@@ -7,20 +7,8 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// The quota algorithm: at most Rate per calendar period (a day, a week from
-// Monday or a month, in the rule's time zone), the count starting afresh at
-// each period's first instant. The state is the period's count times
-// quotaTags plus a tag of the period (its first minute modulo quotaTags),
-// in Redis and in memory alike; it expires at the period's end.
-//
-// Redis decides by its own TIME, but cannot read a calendar: the node sends,
-// with the rule (lua/quota.lua), the first instants of three consecutive
-// periods around its own time, b0 < b1 < b2, chosen so that its time is in
-// the middle of [b0, b2); the script decides in the one of [b0, b1) and
-// [b1, b2) that holds Redis' time. A node whose clock is off by less than
-// half a period (12 hours for a day) therefore decides exactly as every
-// other node; one further off gets an error for the zone (its on_error
-// applies). The memory store reads the calendar at its own time.
+// The quota algorithm: at most Rate per calendar period, in the rule's time
+// zone.
 
 // quotaTags is how many period tags a quota state tells apart: consecutive
 // periods never share a tag (a day, a week or a month is never a whole
@@ -190,7 +178,7 @@ func (r *Rule) quotaRefund(e memEntry, now, cost, at int64) (State, int64, bool)
 
 // quotaCharge returns the state of a quota after a settlement's charge of n
 // (cost_header), seen at microsecond now: the current period counts it, its
-// count at most twice the quota (lua/quota.lua's charge).
+// count at most twice the quota (the script's quota charge).
 func (r *Rule) quotaCharge(s State, now, n int64) (State, int64) {
 	start, end := r.periodAt(now)
 	used := min(quotaUsed(s, start)+n, 2*r.rate)
@@ -208,7 +196,7 @@ func (r *Rule) quotaSeed(seen, period int64) int64 {
 }
 
 // quotaOutage returns the state of a quota after an outage's charge ch
-// (see Charge.Period; lua/quota.lua's), at microsecond now, of a key that
+// (see Charge.Period; the script's), at microsecond now, of a key that
 // holds state s (held: the key holds a count at all) and whose count
 // outage charges rebuilt lately, with added requests since (-1: not
 // rebuilt); its end; and what the rebuilt count's charges added after it

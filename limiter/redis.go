@@ -70,9 +70,9 @@ type RedisOptions struct {
 	// node: the hard cap, once the node has run for Timeout since the
 	// decision began (a frozen process first reads what waits in its
 	// sockets); never more than twice MaxWait. Default 1s (at least
-	// Timeout). See patience.go.
+	// Timeout). See RedisStore.extension.
 	MaxWait time.Duration
-	// DisableStallClock switches off the stall clock (stall.go): Timeout
+	// DisableStallClock switches off the stall clock (stallClock): Timeout
 	// then counts wall time, so a decision on a node whose CPUs are
 	// saturated gives up at Timeout like one that Redis left waiting, and
 	// the node saves the clock's wake-up every 5ms. Default false: the
@@ -162,7 +162,7 @@ type RedisStore struct {
 	trips, lastFailed atomic.Uint64
 	// flights holds, per pipeline worker, the round trip it has in flight.
 	flights []atomic.Pointer[flight]
-	// slow remembers the slowest round trips lately (see patience.go).
+	// slow remembers the slowest round trips lately (see slowTrips).
 	slow slowTrips
 	// extended counts decisions that waited past the timeout because this
 	// node was starved, or Redis was answering slowly but answering.
@@ -176,19 +176,19 @@ type RedisStore struct {
 	slotRefundsSent atomic.Uint64
 	slotRefunds     pendingSlotRefunds
 	// bans is the ban registry and the ban channel's subscriber
-	// (redisbans.go, redisunban.go).
+	// (redisBans, banListener).
 	bans *redisBans
-	// lims are the limiters told of keys reset (rediskeys.go).
+	// lims are the limiters told of keys reset (ResetKey).
 	lims limiterSet
-	// probe is the idle prober's latest PING (idleprobe.go).
+	// probe is the idle prober's latest PING (probeIdle).
 	probe idleProbe
-	// id tells this node's entries in Redis from the others' (chargesin.go).
+	// id tells this node's entries in Redis from the others' (ChargesIn).
 	id string
 	// owing counts the limiters on this store that have local admissions
-	// to charge (chargesin.go).
+	// to charge (owe).
 	owing atomic.Int64
 	// barrier is this node's last record in the outage barrier
-	// (chargesin.go).
+	// (ChargesIn).
 	barrier nodeBarrier
 
 	queue  chan *call
@@ -398,7 +398,7 @@ func (s *RedisStore) Decide(ctx context.Context, reqs []Request, results []Resul
 	switch {
 	case err == nil:
 		if s.breaker.succeed() {
-			s.bans.breakerClosed() // breakerclose.go
+			s.bans.breakerClosed()
 		}
 	case errors.Is(err, context.Canceled): // a client that left is not Redis' fault
 		if probe {

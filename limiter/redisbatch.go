@@ -1,11 +1,5 @@
 package limiter
 
-// The batcher: decisions queue as calls; a few pipeline workers each take
-// every call waiting, sort them into script calls (one per slot in a
-// Cluster, one per refund) and send those in one pipeline, then hand each
-// call its part of the reply. The script calls' arguments and replies are
-// rediswire.go's.
-
 import (
 	"context"
 	"errors"
@@ -19,6 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// The batcher: decisions queue as calls, and pipeline workers send every call
+// waiting in one pipeline.
 
 // maxBatch bounds how many decisions share one round trip.
 const maxBatch = 256
@@ -162,7 +159,7 @@ type pipeline struct {
 	// Redis charged (RedisStore.refundCall), sent after the batch.
 	refunds []*call
 	// clock is this node's clock, which the quotas' calendars are read
-	// at (their periods around it go with the rule; see quota.go). Nil:
+	// at (their periods around it go with the rule; see Rule.quotaArgs). Nil:
 	// the node's default clock.
 	clock Clock
 }

@@ -12,17 +12,8 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// A key looked up and reset in Redis (keys.go). Peek is one call of the
-// peek script (lua/peek.lua), which reads and writes nothing else: every
-// bucket of a client key shares its Cluster hash tag, so the call goes to
-// one node whatever the topology. ResetKey deletes the key's buckets (one
-// round trip to that node), makes this node's limiters forget the key,
-// and publishes "!reset <key> <bucket> …" on the store's ban channel,
-// whose every subscriber (each node's store, redisunban.go) makes its
-// limiters forget it too. A node whose subscription is down when a key is
-// reset misses the message: its deny cache may deny the key until the
-// state it cached is full again (at most the time the bucket took to
-// refill), and its spares go back within their hold.
+// A key looked up and reset in Redis (KeyKeeper), and the reset told to every
+// node.
 
 // resetPrefix starts a key reset's message on the ban channel: "!reset
 // <key> <bucket> [<bucket> …]". Keys and bucket names hold no space.
@@ -50,7 +41,7 @@ func (s *RedisStore) Peek(ctx context.Context, rules []*Rule, key string) ([]Key
 }
 
 // peekArgs returns the peek script's KEYS and ARGV for key under rules:
-// decide.lua's layout (lua/wire.go), each rule a zone of its own with cost
+// the decide script's layout (package lua's positions), each rule a zone of its own with cost
 // 0 and no reserve, and the clock Redis TIME (or the store's test clock).
 func (s *RedisStore) peekArgs(rules []*Rule, key string) ([]string, []any) {
 	var keys []string
@@ -72,7 +63,7 @@ func (s *RedisStore) peekArgs(rules []*Rule, key string) ([]string, []any) {
 	args[lua.ArgClock-1], args[lua.ArgRules-1] = clock, len(rules)
 	nodeNow := clockOr(s.clock).Now().UnixMicro()
 	for _, r := range rules {
-		if r.alg == Quota { // the periods around this node's time (quota.go)
+		if r.alg == Quota { // the periods around this node's time (Rule.quotaArgs)
 			args = append(args, r.quotaArgs(nodeNow)...)
 			continue
 		}

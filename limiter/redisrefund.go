@@ -10,22 +10,8 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// Refunds of abandoned decisions. A decision whose caller stopped waiting (the store's
-// timeout) after its script call was sent is still run by Redis, late. Its
-// request has taken its zones' failure policy by then (the local fallback
-// decided it again, say), so what Redis charged it (tokens, a prefetching
-// zone's spares, a window's count, a concurrency slot) belongs to no
-// request: the pipeline worker that reads the late reply refunds it in
-// a refund call, sent right after the batch.
-//
-// A reply that never comes (the connection broke: CLIENT KILL, a master
-// that died in a failover, a read past twice MaxWait) leaves unknown
-// whether Redis charged the request. Tokens then stay charged (strict);
-// but a concurrency slot would be held for its whole lease by a request
-// that is not running on Redis' account, so the worker refunds the
-// call's slots anyway: refunding a slot that was never taken removes
-// nothing. A slot refund that cannot reach Redis is tried again after later
-// batches, until the slot's lease would have ended.
+// Refunds of abandoned decisions: what Redis charged a call whose caller no
+// longer waits, refunded by the pipeline worker.
 
 // refundCall returns the refund call that refunds what the abandoned
 // decision c was charged, or nil when it was charged nothing (denied, or

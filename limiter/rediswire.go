@@ -1,10 +1,5 @@
 package limiter
 
-// The decide script's wire format, the Go side: what a script call sends
-// (its KEYS, the clock, the rules, and per call its zones) and how its
-// reply reads. Every position and value is package lua's (lua/wire.go),
-// which the scripts read too; rediswire_test.go pins the format.
-
 import (
 	"fmt"
 	"slices"
@@ -12,6 +7,9 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 	"github.com/redis/go-redis/v9"
 )
+
+// The decide script's wire format, the Go side: a script call's arguments and
+// how its reply reads, in package lua's positions.
 
 // fill sets a call's script, and per zone its key, rule, cost and aux.
 // done is nil for a decision; for a refund it holds the results of the
@@ -66,7 +64,8 @@ func zoneAux(q *Request, done []Result, i int) any {
 // zone (its bucket, its kind and whether it ends the call, in one number;
 // lua.NoZones for a call of no zones), then the zone kinds (its rule's
 // index, from 1, a cost and an aux, which the zones of a batch mostly
-// share) and their number. See lua/wire.go.
+// share) and their number, at the positions package lua declares
+// (lua.ArgClock, lua.ArgRules and the rest).
 func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	if p.buckets == nil {
 		p.buckets = make(map[string]int)

@@ -2,12 +2,8 @@ package limiter
 
 import "context"
 
-// Refunds: a charge that Decide made, given back. One word names the act
-// everywhere: a count_status zone's charge, a concurrency slot (its
-// release is its refund: the same call and the same script), the spares
-// prefetch did not use, and an abandoned decision's charges
-// (RedisStore.refundCall). A settlement is not one: it charges more, or
-// refunds what the request cost less.
+// Refunds: a charge that Decide made, given back (Limiter.Refund), and the
+// memory store's arithmetic of one.
 
 // Refund refunds what the decision of outcome charged the zones of
 // reqs, with the results Decide returned for them: pass the zones whose
@@ -112,7 +108,7 @@ func (r *Rule) refund(e memEntry, now, cost, at int64) (st State, expires int64,
 		return r.quotaRefund(e, now, cost, at)
 	}
 	debt := r.debt(e.state, now) - cost*r.interval
-	if r.alg == TokenBucket { // from the whole debt, as token_bucket.lua
+	if r.alg == TokenBucket { // from the whole debt, as the script's token bucket
 		debt += r.over(e.state, now)
 	}
 	if debt <= 0 {

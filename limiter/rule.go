@@ -68,7 +68,7 @@ type Rule struct {
 	// holding it, in microseconds.
 	leaseUS int64
 	// period and loc are a quota's calendar period and time zone, and
-	// cal the periods it sends Redis around the node's time (quota.go).
+	// cal the periods it sends Redis around the node's time (quotaArgs).
 	period Period
 	loc    *time.Location
 	cal    atomic.Pointer[quotaWindow]
@@ -78,12 +78,12 @@ type Rule struct {
 	// refunds: the zone's charges may be refunded (RuleConfig.Refunds).
 	refunds bool
 	// prefetch is the most tokens one decision may take (cost and
-	// spares; 0: none), kept at most prefetchHold (prefetch.go).
+	// spares; 0: none), kept at most prefetchHold (Limiter.decideSpares).
 	prefetch     int64
 	prefetchHold time.Duration
 	// shedPct is the soft shed's threshold in percent of the burst (0:
 	// none), shedAt the same as a debt in ticks, and shedMaxUS its
-	// longest delay (softshed.go).
+	// longest delay (shedDelay).
 	shedPct, shedAt, shedMaxUS int64
 	// ban bans a key that the zone denied ban.After times in ban.Window,
 	// for ban.Duration (zero: no bans); the same in microseconds.
@@ -159,7 +159,7 @@ type RuleConfig struct {
 	// than this share of its burst, in percent (1 to 99): each request
 	// the zone admits past it waits the time the rate takes to refill
 	// what the request left the bucket owing beyond it, at most
-	// SoftShedMaxDelay (see softshed.go). Token bucket only. Default 0:
+	// SoftShedMaxDelay (see Rule.shedDelay). Token bucket only. Default 0:
 	// none.
 	SoftShed int64
 	// SoftShedMaxDelay is the longest a soft-shedding zone delays a

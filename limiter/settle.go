@@ -6,29 +6,8 @@ import (
 	"time"
 )
 
-// Settlements: a token bucket zone whose requests' real cost is known only
-// after the response (an LLM's tokens, reported by the upstream) admits a
-// request on its up-front cost, and settles the difference once the
-// response tells the real one: it charges what the request cost beyond the
-// up-front cost, or refunds what it cost less. A settlement is one
-// script call (the refund script: its charge mode, or a refund), made after
-// the response, never on its path. Its charge is capped at the zone's
-// burst, and may leave the bucket owing more than its capacity: the key's
-// next requests are then denied, with a Retry-After that counts the whole
-// debt, until the refill has repaid it.
-//
-// A request decided on the local fallback buckets (an outage) settles on
-// its local bucket, and the outage's ledger takes the difference, so that
-// it reaches the store with the rest of the key's charge when the store
-// answers again. A quota settles too, in the period the settlement lands
-// in (during an outage its local count, charged back in that period). A
-// request admitted from a node's prefetched spares settles on the store's
-// bucket, as any other.
-//
-// A charge that the store fails is sent again, settleAttempts times in
-// all; one that still fails is lost, and counted (Settlements, and the
-// observer's Settled). A refund is sent once: when it fails the charge
-// stays (strict, as count_status refunds).
+// Settlements: the difference between a request's up-front cost and its real
+// one, charged or refunded after the response.
 
 // settleAttempts is how many times a settlement's charge is sent at most.
 const settleAttempts = 3

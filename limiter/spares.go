@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// Prefetched spares, a decision's first layer (Limiter.decideSpares): tokens a
+// store decision took beyond its cost, kept for this node's next requests of the
+// key, paced, and refunded when unused.
 
 // Errors of a rule's prefetch.
 var (
@@ -47,7 +52,7 @@ func (r *Rule) setPrefetch(n int64, hold time.Duration) error {
 func (r *Rule) Prefetch() (int64, time.Duration) { return r.prefetch, r.prefetchHold }
 
 // takeSpares adds to an admitted verdict the spares its decision takes, as
-// the scripts' commit sections do (token_bucket.lua, fixed_window.lua).
+// the scripts' commit sections do (token bucket, fixed window).
 func (r *Rule) takeSpares(v *verdict, cost int64) {
 	if r.prefetch <= cost || r.dryRun {
 		return
@@ -159,7 +164,7 @@ func (l *Limiter) decideWithSpares(ctx context.Context, sp *spares, reqs []Reque
 }
 
 // decideUncovered is decideWithSpares once take covered what it could; gen
-// is the reset generation when the decision started (keys.go).
+// is the reset generation when the decision started (keyResets).
 func (l *Limiter) decideUncovered(ctx context.Context, sp *spares, reqs []Request, results []Result, local []bool, covered int, now time.Time, gen uint64) Outcome {
 	switch covered {
 	case 0:
@@ -239,7 +244,7 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 				sp.remaining -= q.Cost
 				local[i] = true
 				results[i] = Result{Allowed: true, Remaining: max(0, sp.remaining), ResetAfter: sp.reset, at: sp.at,
-					Delay: q.Rule.shedDelayLeft(sp.remaining, q.Cost)} // softshed.go
+					Delay: q.Rule.shedDelayLeft(sp.remaining, q.Cost)}
 				covered++
 				continue
 			}
@@ -303,7 +308,7 @@ func (s *spares) undo(reqs []Request, local []bool) {
 // now) could not take all the spares it wanted (see Rule.pauseAfter). Of a denied
 // request, only the zones that denied it: one that would have admitted it
 // took no spares because another zone denied, not because it runs low. A
-// key reset since the decision was sent (stale, keys.go) is not paced.
+// key reset since the decision was sent (stale: keyResets) is not paced.
 func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bool, stale func(spareKey) bool) {
 	for i := range reqs {
 		q, res := &reqs[i], &results[i]
@@ -400,7 +405,7 @@ func (s *spares) keep(reqs []Request, results []Result, now time.Time, stale fun
 	return back
 }
 
-// drop forgets a key's spares without refunding them (keys.go: the key
+// drop forgets a key's spares without refunding them (Limiter.ResetKey: the key
 // was reset, and the bucket charged for them with it).
 func (s *spares) drop(k spareKey) {
 	s.mu.Lock()
@@ -494,7 +499,7 @@ func (l *Limiter) keepSpares(reqs []Request, results []Result, gen uint64) {
 
 // startSpares starts the holder of spares for a request with a
 // prefetching zone, so that its first decisions already share their store
-// calls (prefetchflight.go); nil for a request without one, or after
+// calls (spareFlight); nil for a request without one, or after
 // Close.
 func (l *Limiter) startSpares(reqs []Request) *spares {
 	any := false
@@ -584,4 +589,97 @@ func (s *spares) end(k spareKey) {
 		close(ch)
 		delete(s.flights, k)
 	}
+}
+
+// PrefetchStats are what a node's prefetch did for one zone (or for all
+// of a limiter's zones), since the limiter's first spares.
+type PrefetchStats struct {
+	// Hits counts requests the zone admitted from spares, without the
+	// store.
+	Hits uint64 `json:"hits"`
+	// Paced counts requests denied on this node while the zone's key was
+	// paced, without the store.
+	Paced uint64 `json:"paced"`
+	// Decisions counts the zone's decisions by the store; Short those of
+	// them that took fewer spares than they wanted (they start a pause).
+	Decisions uint64 `json:"decisions"`
+	Short     uint64 `json:"short"`
+	// Taken counts the spare tokens taken, Returned those refunded
+	// unused, in Refunds store calls.
+	Taken    uint64 `json:"taken"`
+	Returned uint64 `json:"returned"`
+	Refunds  uint64 `json:"refunds"`
+}
+
+// Minus returns the counts that s has more than an earlier o: what
+// happened between the two.
+func (s PrefetchStats) Minus(o PrefetchStats) PrefetchStats {
+	return PrefetchStats{
+		Hits: s.Hits - o.Hits, Paced: s.Paced - o.Paced, Decisions: s.Decisions - o.Decisions, Short: s.Short - o.Short,
+		Taken: s.Taken - o.Taken, Returned: s.Returned - o.Returned, Refunds: s.Refunds - o.Refunds,
+	}
+}
+
+// prefetchCounts are one zone's PrefetchStats as they grow.
+type prefetchCounts struct {
+	hits, paced, decisions, short, taken, returned, refunds atomic.Uint64
+}
+
+// load returns the counts as they are now.
+func (c *prefetchCounts) load() PrefetchStats {
+	return PrefetchStats{
+		Hits: c.hits.Load(), Paced: c.paced.Load(), Decisions: c.decisions.Load(), Short: c.short.Load(),
+		Taken: c.taken.Load(), Returned: c.returned.Load(), Refunds: c.refunds.Load(),
+	}
+}
+
+// add adds o to s.
+func (s *PrefetchStats) add(o PrefetchStats) {
+	s.Hits += o.Hits
+	s.Paced += o.Paced
+	s.Decisions += o.Decisions
+	s.Short += o.Short
+	s.Taken += o.Taken
+	s.Returned += o.Returned
+	s.Refunds += o.Refunds
+}
+
+// counts returns the counts of a zone's rule, made on first use; the
+// holder must be locked.
+func (s *spares) counts(r *Rule) *prefetchCounts {
+	c := s.stats[r]
+	if c == nil {
+		c = &prefetchCounts{}
+		s.stats[r] = c
+	}
+	return c
+}
+
+// countsOf is counts with the holder unlocked.
+func (s *spares) countsOf(r *Rule) *prefetchCounts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts(r)
+}
+
+// PrefetchStats reports what the limiter's prefetch did for the zone of
+// rule r, or for all its zones with r nil.
+func (l *Limiter) PrefetchStats(r *Rule) PrefetchStats {
+	sp := l.spares.Load()
+	if sp == nil {
+		return PrefetchStats{}
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if r != nil {
+		if c := sp.stats[r]; c != nil {
+			return c.load()
+		}
+		return PrefetchStats{}
+	}
+	var all PrefetchStats
+	for _, c := range sp.stats {
+		all.add(c.load())
+	}
+	return all
 }

@@ -39,7 +39,7 @@ func (r *Rule) tbCheck(s State, now, cost, res int64) verdict {
 	after := d + cost*r.interval
 	v := verdict{debt: d, after: after, ok: after+res <= r.capacity}
 	if v.ok && r.shedMaxUS > 0 {
-		v.delay = r.shedDelay(after, cost) // softshed.go
+		v.delay = r.shedDelay(after, cost)
 	}
 	if !v.ok && d == r.capacity {
 		v.over = r.over(s, now)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,35 +15,8 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/lua"
 )
 
-// Every node's charges in before any node decides on Redis again. After an
-// outage the nodes notice that Redis answers a fraction of a second apart,
-// and on a busy machine a node can be a second or more behind. A node that
-// went back to Redis while another still decided locally would spend the
-// Redis bucket's refill while the late node spent its own share again, and
-// the late node's charge (at most what its local bucket owes) could not
-// take both back. So each node that finds Redis back, once its charges are
-// in, adds itself to a sorted set in Redis (chargedKey: its id, scored by
-// Redis' clock), and keeps deciding the local zones' keys locally until the set
-// holds as many nodes as its local buckets divide by, or returnGraceMax
-// has passed. A node whose store failed with nothing to charge adds itself
-// too, and so does every node that hears, on the ban channel, that another
-// node is charging (chargingMsg) while it has nothing to charge: a node
-// that saw no failure (a CLIENT KILL that missed it, an idle node) does not
-// hold the others. Only a node that cannot hear the channel (its
-// subscription broken by a Redis restart) holds the others, at most
-// returnGraceMax, which the bound allows (local buckets hold the fleet
-// within it).
-//
-// The set lives in one Cluster slot, so what the fleet sends it is
-// bounded per node, however many nodes charge: a node records itself at
-// most once per chargedShared however many of its limiters poll (they
-// share the record), and answers the announcements at most once per
-// chargedAnswerEvery (its entry still counts through the grace of every
-// node that announces meanwhile). With K of N nodes charging, the slot
-// gets N−K answers, not K×(N−K), and in all at most one call per node per
-// chargedShared, each node for at most returnGraceMax after it came back
-// or heard an announcement: for 100 nodes, at most 4,000 short script
-// calls a second (the polls stop once the set holds the fleet).
+// The Redis store's side of an outage's charges: Charge and Ping, and the
+// barrier that counts the nodes whose charges are in.
 
 // returnGraceMax is the longest a node that finds Redis back keeps
 // deciding the local zones' keys on its local buckets, waiting for the
@@ -75,14 +50,6 @@ const chargedShared = chargedPoll / 2
 // sent within chargedAnswerEvery of an announcement counts through its
 // grace.
 const chargedAnswerEvery = chargedWindow - returnGraceMax
-
-// chargeBarrier is a store shared by the fleet that can count the nodes
-// whose charges are in: the Redis store.
-type chargeBarrier interface {
-	// ChargesIn records that this node's charges are in and returns how
-	// many nodes' are, within chargedWindow.
-	ChargesIn(ctx context.Context) (int64, error)
-}
 
 // newNodeID returns a random id for a store, that tells this node's
 // entries in Redis from the other nodes'.
@@ -144,67 +111,6 @@ func (b *nodeBarrier) record(ctx context.Context, s *RedisStore, sentWithin, don
 	return n, nil
 }
 
-// awaitFleetCharges is run by a node whose charges are in, in its grace:
-// it records them and ends the grace once need nodes' are in, or lets it
-// run out.
-func (l *Limiter) awaitFleetCharges(need int64) {
-	b, ok := l.store.(chargeBarrier)
-	if !ok || !l.out.awaiting.CompareAndSwap(false, true) {
-		return
-	}
-	defer l.out.awaiting.Store(false)
-	t := time.NewTicker(chargedPoll)
-	defer t.Stop()
-	for {
-		until := l.out.graceUntil.Load()
-		if until == 0 || time.Now().UnixNano() >= until {
-			return
-		}
-		if n, err := b.ChargesIn(context.Background()); err == nil && n >= need {
-			l.out.graceUntil.CompareAndSwap(until, time.Now().UnixNano()) // returning() ends it
-			return
-		}
-		<-t.C
-	}
-}
-
-// nothingToCharge records, in the background, that this node (whose store
-// came back, with no charges to make) does not hold the others' grace up.
-func (l *Limiter) nothingToCharge() {
-	if b, ok := l.store.(chargeBarrier); ok {
-		go func() { _, _ = b.ChargesIn(context.Background()) }()
-	}
-}
-
-// owingStore is a store that knows whether any of its limiters has local
-// admissions to charge: the Redis store.
-type owingStore interface {
-	owe(delta int64)
-}
-
-// setPending records the ledger's length, and tells the store when the
-// limiter starts or stops owing charges. l.out.mu is held.
-func (l *Limiter) setPending(n int64) {
-	was := l.out.pending.Swap(n)
-	s, ok := l.store.(owingStore)
-	switch {
-	case !ok:
-	case was == 0 && n > 0:
-		s.owe(1)
-	case was > 0 && n == 0:
-		s.owe(-1)
-	}
-}
-
-// announceCharging tells the fleet, in the background, that this node is
-// back with charges to make, so that the nodes with none add themselves to
-// the set at once.
-func (l *Limiter) announceCharging() {
-	if s, ok := l.store.(*RedisStore); ok {
-		s.bans.publish(chargingMsg)
-	}
-}
-
 // owe counts the store's limiters that have local admissions to charge.
 func (s *RedisStore) owe(delta int64) { s.owing.Add(delta) }
 
@@ -228,4 +134,81 @@ func (s *RedisStore) chargingAnnounced() {
 			}
 		}
 	}()
+}
+
+// Charge charges each key's bucket what the local fallback admitted from it
+// (token and leaky buckets, and quotas with their seeds: see
+// Charge.Period), or a settlement (Limiter.Settle: token buckets and quotas);
+// the others are skipped: one script call per key, queued like refunds and
+// sent together, bounded by the store's timeout. A charge may leave a
+// bucket in debt beyond its capacity: the key's next requests then wait
+// for the refill the outage already spent. It goes through the circuit
+// breaker as a decision does, and returns the first error.
+func (s *RedisStore) Charge(ctx context.Context, charges []Charge) error {
+	allowed, probe := s.breaker.allow()
+	if !allowed {
+		return ErrBreakerOpen
+	}
+	ctx, cancel := s.timeoutContext(ctx)
+	defer cancel()
+	calls := make([]*call, 0, len(charges))
+	for i := range charges {
+		ch := &charges[i]
+		if ch.empty() || !ch.Rule.chargeable() {
+			continue
+		}
+		cost, aux := int64(1), any(lua.ChargeAux-min(ch.Ticks, lua.MaxChargeDebt))
+		if ch.outage() {
+			cost, aux = 1+ch.Rule.quotaCapped(ch.Ticks), lua.SeedAux-ch.Rule.quotaSeed(ch.Seen, ch.Period)
+		}
+		calls = append(calls, &call{
+			script: s.refund,
+			done:   make(chan struct{}, 1),
+			keys:   []string{s.Key(ch.Rule.bucket, ch.Key)},
+			rules:  []*Rule{ch.Rule},
+			costs:  []int64{cost},
+			aux:    []any{aux},
+		})
+	}
+	var firstErr error
+	for _, err := range s.sendAll(ctx, calls) {
+		firstErr = orErr(firstErr, err)
+	}
+	switch {
+	case firstErr == nil:
+		if s.breaker.succeed() {
+			s.bans.breakerClosed()
+		}
+	case probe:
+		s.breaker.Failure()
+	}
+	return firstErr
+}
+
+// Ping asks Redis whether it answers (a PING), through the circuit breaker
+// as a decision would go, within the store's timeout. A node with charges
+// to make probes the store this way rather than with a request, which
+// Redis would decide ahead of the charges.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	if _, probe := s.breaker.allow(); !probe && s.breaker.State() != BreakerClosed {
+		return ErrBreakerOpen
+	}
+	ctx, cancel := s.timeoutContext(ctx)
+	defer cancel()
+	var refused redis.Error // Redis answered, if only to refuse: it is up
+	if err := s.client.Ping(ctx).Err(); err != nil && !errors.As(err, &refused) {
+		s.breaker.Failure()
+		var nerr net.Error
+		switch {
+		case ctx.Err() != nil:
+			return s.ctxErr(ctx)
+		case errors.As(err, &nerr) && nerr.Timeout(): // the socket's deadline: the context's
+			return s.errTimeout
+		}
+		return err
+	}
+	if s.breaker.succeed() {
+		s.bans.breakerClosed()
+	}
+	return nil
 }

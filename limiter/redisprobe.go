@@ -7,14 +7,8 @@ import (
 	"time"
 )
 
-// The idle prober: while decisions go to Redis, their round trips tell
-// whether it answers (the circuit breaker, the stats' errors); with no
-// traffic nothing would, and a stalled or vanished Redis would look
-// healthy until the first request paid for finding out. So each Redis
-// store PINGs Redis, off the request path, when no round trip went to it
-// for a probeInterval: at most once a probeInterval, and not at all under
-// traffic. A probe goes through the breaker as a decision does (Ping): its
-// failures count towards opening it, and its success closes it.
+// The idle prober: a PING to Redis when no round trip went to it lately, so that
+// a Redis gone quiet is found out before a request pays for it.
 
 // probeInterval is how long the store waits without a round trip before
 // it PINGs, and the least time between two PINGs.

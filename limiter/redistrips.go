@@ -6,32 +6,8 @@ import (
 	"time"
 )
 
-// How long a decision waits for Redis, and when a late reply counts as
-// Redis' failure.
-//
-// A reply can be late for three reasons: Redis is down or hung; Redis is
-// alive but short of CPU (a saturated machine); or this node is short of
-// CPU, so that the goroutine that reads the reply, or the one that sends
-// the request, runs late. Only the first is a failure worth the failure
-// policy: in the other two, failing would let requests through unlimited
-// (or on local buckets) exactly while an attacker keeps the machines busy.
-// So a decision gives up only when all of these hold:
-//   - it has waited Timeout in the time this node was able to run (see
-//     stallClock), or MaxWait in wall time (the hard cap, which alone
-//     suffices once the node has run for Timeout since the decision
-//     began: a process that was frozen, say by its machine, reads the
-//     reply that waits in its socket before it gives up; at the very most
-//     2 x MaxWait);
-//   - a round trip is in flight: while none is, the delay is this node's
-//     own (the worker has not run yet);
-//   - that round trip is overdue: it has been out longer than Timeout and
-//     than four times the slowest round trip lately (slowTrips), so that a
-//     Redis that has been answering slowly is given the time it has been
-//     taking, and one that stops answering is found out after Timeout.
-//
-// With RedisOptions.DisableStallClock the clock counts no stall: the time
-// this node was able to run is the wall time, and a starved node gives up
-// at Timeout as if Redis were slow.
+// How long a decision waits for Redis: the round trip in flight, the slow ones
+// lately, and when a late reply counts as Redis' failure.
 
 // flight is a round trip in flight: its number and when it left.
 type flight struct {
