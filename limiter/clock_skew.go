@@ -12,7 +12,8 @@ import (
 // fleetlimit_clockskew tag, FLEETLIMIT_CLOCK_SKEW (a duration such as "1h"
 // or "-45m") shifts it, so that the fleet tests can run a node whose clock
 // is wrong and show that the shared buckets do not notice. Production
-// builds have no such hook (their defaultClock is SystemClock). It is never reassigned.
+// builds have no such hook (their defaultClock is SystemClock). It is
+// never reassigned.
 var defaultClock = skewedClock()
 
 // skewedClock returns the system clock shifted by FLEETLIMIT_CLOCK_SKEW, and

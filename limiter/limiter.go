@@ -90,6 +90,10 @@ func New(store Store, opt Options) *Limiter {
 	// Up until a call fails: a node that starts has nothing to charge,
 	// and its first requests go to the store, not to local buckets.
 	l.storeUp.Store(true)
+	l.out.clock = defaultClock
+	if c, ok := opt.Local.(interface{ Clock() Clock }); ok {
+		l.out.clock = c.Clock() // the local quotas' periods
+	}
 	l.watchBans()
 	l.watchResets()
 	l.stopFleet = make(chan struct{})

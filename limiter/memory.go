@@ -104,6 +104,10 @@ func NewMemoryStore(opt MemoryOptions) *MemoryStore {
 // now returns the store's time in microseconds.
 func (s *MemoryStore) now() int64 { return s.clock.Now().UnixMicro() }
 
+// Clock returns the store's clock (MemoryOptions.Clock, or this node's
+// default clock).
+func (s *MemoryStore) Clock() Clock { return s.clock }
+
 // Decide implements Store. It never fails.
 func (s *MemoryStore) Decide(_ context.Context, reqs []Request, results []Result) (bool, error) {
 	boundCosts(reqs)

@@ -42,6 +42,8 @@ type owed struct {
 
 // outage is a limiter's ledger of local admissions to charge.
 type outage struct {
+	// clock is the local store's (see outage.now), set by New.
+	clock   Clock
 	mu      sync.Mutex
 	entries map[outageKey]*owed
 	// pending is len(entries): the request path reads it alone while
@@ -57,6 +59,11 @@ type outage struct {
 	// ledger left out.
 	charged, full atomic.Uint64
 }
+
+// now returns the time, in microseconds, by which the ledger finds a
+// quota's period: the clock of the local store, which decides the local
+// quotas and files their counts in its periods.
+func (o *outage) now() int64 { return o.clock.Now().UnixMicro() }
 
 // seed is called for each zone decided locally before the decision: a key
 // not yet in the ledger enters it, and its local bucket starts from what
@@ -107,7 +114,7 @@ func (l *Limiter) enter(r *Rule, key string, local *Rule, n int64) *owed {
 	}
 	e := &owed{rule: r, local: local, n: n, key: key}
 	if r.alg == Quota {
-		e.period, _ = r.periodAt(time.Now().UnixMicro())
+		e.period, _ = r.periodAt(l.out.now())
 		if l.cache != nil {
 			e.seen, _ = l.cache.lastQuota(r, key, e.period)
 		}
@@ -127,7 +134,7 @@ func (l *Limiter) ledgerQuotas() {
 	if l.cache == nil {
 		return
 	}
-	seen := l.cache.quotasSeen(time.Now().UnixMicro())
+	seen := l.cache.quotasSeen(l.out.now())
 	if len(seen) == 0 {
 		return
 	}
@@ -234,7 +241,7 @@ func (o *outage) admittedLocally(e *owed, tokens int64) {
 // period that ended, seed included, is not charged to the next.
 func (o *outage) add(e *owed, tokens int64) {
 	if e.rule.alg == Quota {
-		if start, _ := e.rule.periodAt(time.Now().UnixMicro()); start != e.period {
+		if start, _ := e.rule.periodAt(o.now()); start != e.period {
 			e.period, e.admitted, e.seen = start, 0, 0
 		}
 	}

@@ -2,8 +2,10 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,5 +329,55 @@ func TestQuotaOutageChargeTwin(t *testing.T) {
 		if red, mem := q.counts(); red != mem {
 			t.Fatalf("step %d (%s): redis counts %d, memory %d", n, what, red, mem)
 		}
+	}
+}
+
+// downStore is a memory store that fails every call while down is set: a
+// store that goes away and comes back, for the ledger's arithmetic alone.
+type downStore struct {
+	*MemoryStore
+	down atomic.Bool
+}
+
+func (s *downStore) Decide(ctx context.Context, reqs []Request, results []Result) (bool, error) {
+	if s.down.Load() {
+		return false, errors.New("store down")
+	}
+	return s.MemoryStore.Decide(ctx, reqs, results)
+}
+
+// TestQuotaOutageLedgerReadsTheClock: the outage ledger files a quota's
+// count in the period of the clock that decides the local quota, not of
+// the wall clock. The node's clock is in 2023 (any day but the wall
+// clock's); the store gives a key 20 of its daily 30, then fails, and the
+// node's local quota (15, fleet size 2) starts from its share of that
+// count, 10: it admits 5, not 15.
+func TestQuotaOutageLedgerReadsTheClock(t *testing.T) {
+	clk := newTestClock(time.Date(2023, 11, 14, 12, 0, 0, 0, time.UTC).UnixMicro())
+	shared := &downStore{MemoryStore: newMemory(t, clk)}
+	local := newMemory(t, clk)
+	l := New(shared, Options{Cache: NewDenyCache(DenyCacheOptions{Clock: clk}), Local: local})
+	t.Cleanup(l.Close)
+	r, err := NewRule(RuleConfig{Name: "q", Algorithm: Quota, Rate: 30, Period: Day, FleetSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideQuota := func() Outcome {
+		return l.Decide(context.Background(), []Request{{Rule: r, Key: "k", Cost: 1}}, make([]Result, 1))
+	}
+	for i := range 20 {
+		if out := decideQuota(); out != Allowed {
+			t.Fatalf("request %d of 20 on the store: %s", i+1, out)
+		}
+	}
+	shared.down.Store(true)
+	var admitted int
+	for range 20 {
+		if decideQuota() == LocalAllowed {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("the local quota admitted %d during the outage, want 5 (its 15 less its share, 10, of the 20 the store counted)", admitted)
 	}
 }
