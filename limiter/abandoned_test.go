@@ -29,7 +29,7 @@ func TestAbandonedChargesRefunded(t *testing.T) {
 		// Redis runs the batches waiting behind a DEBUG SLEEP, then the
 		// CLIENT KILL queued behind them closes their connections before
 		// their replies are read: the replies are lost, and the slots
-		// they took are released all the same.
+		// they took are refunded all the same.
 		t.Parallel()
 		srv := redistest.Start(t, "--enable-debug-command", "yes")
 		rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: 25 * time.Millisecond})

@@ -20,7 +20,7 @@ import (
 // through the Lua script and the memory store on one controlled clock:
 // every algorithm (concurrency included), reserves, dry-run zones, bans
 // (dry-run bans too), requests of several zones, and refunds at random
-// later times (concurrency slots released, charges refunded, also after
+// later times (concurrency slots and charges refunded, also after
 // their window turned). Every decision and every Result field must be the
 // same, and so must what the buckets and bans count.
 func TestPoliciesRedisMatchesMemory(t *testing.T) {
@@ -48,7 +48,7 @@ func TestPoliciesRedisMatchesMemory(t *testing.T) {
 // refunded, some that shed softly (with prefetch, and in a dry run). Windows last at least 2s (the sliding log) or 10s (the
 // counters, whose state carries the window's index modulo 1024: 1024
 // windows must outlast the run); concurrency leases outlast the longest
-// wait of a release in the trace, so that no slot expires in Redis while
+// wait of a refund in the trace, so that no slot expires in Redis while
 // the memory store, which has no leases, still counts it.
 func policyRules(t testing.TB) []*Rule {
 	ban := Ban{Duration: 30 * time.Second, After: 3, Window: 10 * time.Second}
@@ -207,9 +207,9 @@ func (p *policyTrace) request() []Request {
 }
 
 // schedule queues the refund of an admitted request: its concurrency
-// zones always (their slots are released when the request ends), and for
+// zones always (their slots are refunded when the request ends), and for
 // one request in three (a response its zones do not count) a random
-// choice of its other zones; due within 25s, so that releases come well
+// choice of its other zones; due within 25s, so that refunds come well
 // within the leases, and refunds of window charges come in the same
 // window or one or two windows later.
 func (p *policyTrace) schedule(reqs []Request, results []Result) {
@@ -257,7 +257,7 @@ func (p *policyTrace) refundDue(ctx context.Context, n int) {
 			r := q.Rule
 			switch {
 			case r.alg == Concurrency:
-				p.counts["slots released"]++
+				p.counts["slots refunded"]++
 			case r.windowUS > 0 && pr.results[i].at/r.windowUS != now/r.windowUS:
 				p.counts["window refunds after the window turned"]++
 			case r.windowUS > 0:
@@ -315,7 +315,7 @@ func (p *policyTrace) requireCoverage() {
 	p.t.Logf("covered: %v", p.counts)
 	need := []string{"bans started", "banned", "dry-run denials", "dry-run bans started", "never",
 		"denied with a reserve", "admitted with a reserve", "concurrency admitted", "concurrency denied",
-		"refunds", "slots released", "window refunds", "window refunds after the window turned", "soft shed delays"}
+		"refunds", "slots refunded", "window refunds", "window refunds after the window turned", "soft shed delays"}
 	if p.rs.cluster {
 		need = append(need, "requests on several slots", "requests on several slots denied")
 	}

@@ -141,7 +141,7 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			l.cache.release(&p)
+			l.cache.land(&p)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				// The deadline came before the store's answer: a
 				// timeout, which each zone's policy answers.
@@ -155,7 +155,7 @@ func (l *Limiter) decideCached(ctx context.Context, reqs []Request, results []Re
 	if out == Allowed || out == Denied {
 		l.cache.learn(reqs, results, sent, out == Allowed)
 	}
-	l.cache.release(&p)
+	l.cache.land(&p)
 	return out
 }
 
@@ -171,7 +171,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 		r := reqs[i].Rule
 		if r.ban.enabled() && !r.dryRun {
 			if left := c.banLeft(r, reqs[i].Key, now); left > 0 {
-				c.release(p)
+				c.land(p)
 				for j := range results {
 					results[j] = Result{Allowed: true, Unknown: true}
 				}
@@ -199,7 +199,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 		v := r.check(st, now, reqs[i].Cost, r.reserveUnits(reqs[i].Reserve))
 		if !v.ok {
 			sh.mu.Unlock()
-			c.release(p)
+			c.land(p)
 			for j := range results {
 				results[j] = Result{Allowed: true, Unknown: true}
 			}
@@ -209,7 +209,7 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 		}
 		if wait, busy := sh.flight[id]; busy {
 			sh.mu.Unlock()
-			c.release(p)
+			c.land(p)
 			return false, wait
 		}
 		if p.n < len(p.ids) {
@@ -222,9 +222,9 @@ func (c *DenyCache) check(reqs []Request, results []Result, p *probe) (bool, <-c
 	return false, nil
 }
 
-// release ends the store calls claimed in p, waking the requests waiting
+// land ends the store calls claimed in p, waking the requests waiting
 // for them.
-func (c *DenyCache) release(p *probe) {
+func (c *DenyCache) land(p *probe) {
 	for _, id := range p.ids[:p.n] {
 		sh := &c.shards[id.shard()]
 		sh.mu.Lock()

@@ -10,7 +10,7 @@ import (
 )
 
 // TestConcurrencyLeaseFreesDeadNodeSlots: the slots of a node that died
-// holding them (it never releases them) are freed for the other nodes when
+// holding them (it never refunds them) are freed for the other nodes when
 // their lease ends: exactly then on the script's clock, and after the lease
 // on Redis TIME. The key lives as long as its last lease.
 func TestConcurrencyLeaseFreesDeadNodeSlots(t *testing.T) {
@@ -139,7 +139,7 @@ func TestPoliciesClusterMatchesMemory(t *testing.T) {
 		}
 		held("admitted", 1, 1)
 		refundBoth([]Request{r1[0], r1[2]}, []Result{res1[0], res1[2]}) // its end; fw counts its status out
-		held("released", 0, 0)
+		held("refunded", 0, 0)
 
 		ok, res := both("the ban zone's first denial", three("s2")...)
 		if ok || !res[0].Allowed || res[0].Remaining != 1 || res[1].Allowed || res[1].Banned {
@@ -173,8 +173,8 @@ func TestPoliciesClusterMatchesMemory(t *testing.T) {
 		}
 		held("denied by the held slot in the next window", 1, 0)
 		refundBoth(r5[:1], res5[:1]) // r5 ends
-		if ok, _ := both("after the release", two("s7")...); !ok {
-			t.Fatal("denied after the release")
+		if ok, _ := both("after the refund", two("s7")...); !ok {
+			t.Fatal("denied after the refund")
 		}
 		held("admitted in the next window", 1, 1)
 		// r5's response is not counted after all: its charge was in the

@@ -497,7 +497,7 @@ func TestBanDenyCache(t *testing.T) {
 }
 
 // TestConcurrency: at most the limit in flight, each request with a slot
-// id of its own; a release frees its slots; a cost above the limit never
+// id of its own; a refund frees its slots; a cost above the limit never
 // passes; a cost of 0 only looks; a request of 2 slots holds and frees 2.
 func TestConcurrency(t *testing.T) {
 	t.Parallel()
@@ -538,10 +538,10 @@ func TestConcurrency(t *testing.T) {
 			t.Fatalf("a cost above the limit: %v %+v, want Never", out, public(h.res[0]))
 		}
 		if err := l.Refund(context.Background(), Allowed, flight[0].reqs, flight[0].res); err != nil {
-			t.Fatalf("release: %v", err)
+			t.Fatalf("refund: %v", err)
 		}
 		if out, h := one("k", 1); out != Allowed || h.res[0].Remaining != 0 {
-			t.Fatalf("after a release: %v %+v, want admitted", out, public(h.res[0]))
+			t.Fatalf("after a refund: %v %+v, want admitted", out, public(h.res[0]))
 		}
 		if asked, lost := l.Refunds(); asked != 1 || lost != 0 {
 			t.Fatalf("Refunds() = %d, %d; want 1, 0", asked, lost)
@@ -559,13 +559,13 @@ func TestConcurrency(t *testing.T) {
 			t.Fatalf("a fourth slot: %v", out)
 		}
 		if err := l.Refund(context.Background(), Allowed, two.reqs, two.res); err != nil {
-			t.Fatalf("release: %v", err)
+			t.Fatalf("refund: %v", err)
 		}
 		if n := s.stored(t, r, "m"); n != 1 {
-			t.Fatalf("after releasing 2 of 3 slots the store holds %d, want 1", n)
+			t.Fatalf("after refunding 2 of 3 slots the store holds %d, want 1", n)
 		}
 		if out, h := one("m", 2); out != Allowed || h.res[0].Remaining != 0 {
-			t.Fatalf("cost 2 after the release: %v %+v", out, public(h.res[0]))
+			t.Fatalf("cost 2 after the refund: %v %+v", out, public(h.res[0]))
 		}
 	})
 }
@@ -713,7 +713,7 @@ func TestRefundSlidingLog(t *testing.T) {
 }
 
 // TestRefundDryRunChargesNothing: a dry-run zone that would have denied
-// was not charged, so its refund (a release, a response not counted) gives
+// was not charged, so its refund (a slot, a response not counted) gives
 // nothing back: not another request's slot, not tokens never taken.
 func TestRefundDryRunChargesNothing(t *testing.T) {
 	t.Parallel()
@@ -830,7 +830,7 @@ func TestLocalFallbackKeepsPolicies(t *testing.T) {
 
 // TestMemoryMaxKeysConcurrencySlots: a store bounded to one bucket per
 // shard makes room for new keys of a concurrency zone, whose slots are held
-// until released and so never full: it evicts them (and counts it) rather
+// until refunded and so never full: it evicts them (and counts it) rather
 // than looking forever for a bucket closer to full.
 func TestMemoryMaxKeysConcurrencySlots(t *testing.T) {
 	t.Parallel()

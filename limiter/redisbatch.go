@@ -112,16 +112,16 @@ func (s *RedisStore) worker(inFlight *atomic.Pointer[flight]) {
 			clear(batch)
 		}
 		if len(p.refunds) > 0 || s.slotRefunds.waiting() {
-			// Refunds: their own replies give nothing back. Slot
-			// slot refunds whose Redis could not be reached are kept to
+			// Refunds: their own replies refund nothing. Slot
+			// refunds whose Redis could not be reached are kept to
 			// try again after a later batch (or slotRefundRetry), until
 			// their lease ends.
 			//
 			// back is a list of its own: running it appends to
 			// p.refunds the slot refunds of its calls whose replies were
-			// lost (a give-back refund cut by a CLIENT KILL), which
+			// lost (a refund of an abandoned call cut by a CLIENT KILL), which
 			// wait for the next round. (They were cleared unsent, and
-			// shared back's array: a give-back's slots stayed held for
+			// shared back's array: such a refund's slots stayed held for
 			// their lease.)
 			back := append(append([]*call(nil), p.refunds...), s.slotRefunds.take()...)
 			clear(p.refunds)
