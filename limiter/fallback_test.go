@@ -29,7 +29,7 @@ func TestDefaultPolicyIsLocal(t *testing.T) {
 
 // TestFailurePolicyLocalFleetView: a zone without a fixed fleet size
 // divides its limit by the nodes the fleet view saw, follows the view when
-// it grows but not when it shrinks (divisor.go), and logs the divisor once
+// it grows but not when it shrinks (fleetDivisor), and logs the divisor once
 // when the fallback starts.
 func TestFailurePolicyLocalFleetView(t *testing.T) {
 	t.Parallel()

@@ -2,6 +2,6 @@
 
 package limiter
 
-// raceEnabled reports whether the tests run under the race detector; see
-// race_test.go.
+// raceEnabled reports whether the tests run under the race detector: false
+// in a build without it.
 const raceEnabled = false

@@ -11,9 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The quota's wire format, pinned as rediswire_test.go pins the others': a
-// plan (a token bucket and a monthly quota in Berlin on one key), a cost
-// and reserve the month can never admit, and a daily quota that denies, at the golden time (Tuesday 14 November 2023,
+// The quota's wire format, pinned as TestWireArgs, TestWireRedis and
+// TestWireReply pin the others': a plan (a token bucket and a monthly quota
+// in Berlin on one key), a cost and reserve the month can never admit, and
+// a daily quota that denies, at the golden time (Tuesday 14 November 2023,
 // 22:13:20 UTC, 23:13:20 in Berlin) with the node's clock at the same time.
 
 // quotaWireBatch returns the golden quota batch, one request per call.

@@ -564,7 +564,7 @@ func TestRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 100 * time.Millisecond
 	// The stall clock off: on a starved machine it would rightly wait
-	// past the timeout (stall_test.go tests it).
+	// past the timeout (TestRedisStarvedNodeWaitsForReply tests it).
 	rs := newRedisStore(t, RedisOptions{Address: srv.Addr, Timeout: timeout, DisableStallClock: true})
 	r := mustRule(t, "api", 1000, time.Second, 0)
 	decideOne(t, rs, r, "k", 1) // connected, script loaded

@@ -266,8 +266,8 @@ func TestRedisBansCluster(t *testing.T) {
 	}
 }
 
-// banACL is the ACL line of docs/operations.md (as tests/topology_test.go
-// has it), with the test's key prefix.
+// banACL is the ACL line of docs/operations.md (as the Redis ACL tests
+// have it), with the test's key prefix.
 const banACL = "resetkeys ~acl:* resetchannels -@all +evalsha +eval +script|load +ping +hello +auth " +
 	"+time +mget +set +del +pexpire +zadd +zrange +zrevrange +zremrangebyscore +zcard +zscore +zrem " +
 	"+hincrby +expire +hgetall +zrangebyscore +get +zremrangebyrank +publish +subscribe &acl:bans"

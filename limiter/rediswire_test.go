@@ -12,12 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The wire format's golden tests, as go-redis/redis_rate's lua_test.go
-// pins its scripts: a fixed batch makes exactly these arguments, the
+// The wire format's golden tests, as go-redis/redis_rate's Lua tests
+// pin its scripts: a fixed batch makes exactly these arguments, the
 // scripts answer them with exactly this reply (on a real Redis, at a fixed
 // time), and a reply decodes into exactly these results. A position or
-// value changed on one side only (Go's lua/wire.go and rediswire.go, or a
-// .lua file) fails at least one of them.
+// value changed on one side only (package lua's positions and the Go side
+// reading them, or a script) fails at least one of them.
 
 // wireClock is the fixed time (us) the golden batch is decided at.
 const wireClock = "1700000000000000"
