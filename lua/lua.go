@@ -18,7 +18,7 @@
 // zone's algorithm id. Nothing but the request's own work runs per call. A "--@unzone" line
 // is replaced by zone.lua, the decoding of a zone's argument. The .lua
 // files name the wire format's positions and values, never their numbers;
-// the assembled scripts hold the numbers (see wire.go).
+// the assembled scripts hold the numbers.
 package lua
 
 import (

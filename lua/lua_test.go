@@ -15,7 +15,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden scripts in testdata")
 
 // TestScriptsGolden pins the assembled scripts' text, the wire format's
-// header at their top included (as go-redis/redis_rate's lua_test.go pins
+// header at their top included (as go-redis/redis_rate's script tests pin
 // its scripts). After a deliberate change, go test ./lua -update rewrites
 // testdata; the diff is the change's review.
 func TestScriptsGolden(t *testing.T) {
@@ -56,12 +56,12 @@ func firstDiff(got, want string) string {
 }
 
 // barePosition matches a position or a flag written as a number where the
-// scripts must name it (wire.go): a rule's field, an ARGV position, a
+// scripts must name it: a rule's field, an ARGV position, a
 // zone's value in the reply, a flag set or compared.
 var barePosition = regexp.MustCompile(`rule\[\d|ARGV\[\s*\d|reply\[c\s*[+-]\s*\d|reply\[c\]|\bflag\s*(=|==|~=)\s*\d`)
 
 // TestNamesNotNumbers: the .lua files use the wire format's names, never
-// its numbers, so that wire.go is the one place a position is declared.
+// its numbers, so that the wire declarations are the one place a position is declared.
 func TestNamesNotNumbers(t *testing.T) {
 	files, err := filepath.Glob("*.lua")
 	if err != nil || len(files) == 0 {

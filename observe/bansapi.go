@@ -183,7 +183,7 @@ func collectBans(ctx context.Context, now time.Time, zone string, limit int, in 
 const bansReadTimeout = 2 * time.Second
 
 // readBans returns the Redis store's bans of zones: what Redis answers by
-// deadline, else the last read, stale (staleread.go). Bans are not reused
+// deadline, else the last read, stale. Bans are not reused
 // while young: a lift shows at once.
 func (s *storeStats) readBans(zones []string, limit int, deadline time.Time) reading[[]limiter.BanRecord] {
 	return s.bansRead.get(s.ctx, fmt.Sprint(zones, limit), 0, deadline, bansReadTimeout, func(ctx context.Context) ([]limiter.BanRecord, error) {

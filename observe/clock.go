@@ -6,7 +6,7 @@ import (
 )
 
 // Node clock drift: one goroutine per Redis store reads this node's clock
-// offset against Redis' TIME once a ClockInterval (redisclock.go), off the
+// offset against Redis' TIME once a ClockInterval, off the
 // request path, for the metric caddy_rate_limit_clock_offset_seconds and
 // the stats' stores[].clock. Buckets never read it: their time is Redis'.
 

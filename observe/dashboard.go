@@ -182,10 +182,10 @@ var dashboardFiles = map[string]string{
 // share it.
 func serveDashboard(w http.ResponseWriter, r *http.Request, name string, in scope) (int, error) {
 	if rest, ok := strings.CutPrefix(name, "bans"); ok && (rest == "" || rest[0] == '/') {
-		return serveBans(w, r, strings.TrimPrefix(rest, "/"), in) // bansapi.go: GET and DELETE
+		return serveBans(w, r, strings.TrimPrefix(rest, "/"), in) // GET and DELETE
 	}
 	if rest, ok := strings.CutPrefix(name, "keys"); ok && (rest == "" || rest[0] == '/') {
-		// keysapi.go: GET and DELETE. The key may hold escaped slashes:
+		// serveKeys: GET and DELETE. The key may hold escaped slashes:
 		// it is read from the escaped path (the admin API's form).
 		if rest != "" {
 			_, rest, _ = strings.Cut(r.URL.EscapedPath(), adminBase+"keys")

@@ -121,7 +121,7 @@ type statsZone struct {
 	// absent for the other zones.
 	Queue *statsQueue `json:"queue,omitempty"`
 	// SoftShed is, for a soft-shedding token bucket, its threshold and
-	// the requests it delayed (softshed.go); absent for the other zones.
+	// the requests it delayed; absent for the other zones.
 	SoftShed *statsSoftShed `json:"soft_shed,omitempty"`
 	// Prefetch is, for a zone with prefetch, what this node's prefetch
 	// did for it since the configuration loaded: requests admitted from
@@ -418,7 +418,7 @@ func (z *zoneStats) document(sec int64, series int, fleets map[*storeStats]*flee
 			waiting, away := info.queue()
 			zj.Queue = &statsQueue{MaxDelay: info.maxDelay.String(), MaxWaiting: info.maxWait, Waiting: waiting, TurnedAway: away}
 		}
-		zj.SoftShed = z.softShedDocument(info) // softshed.go
+		zj.SoftShed = z.softShedDocument(info)
 	}
 	store := z.store
 	zj.Store = store.name

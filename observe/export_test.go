@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// What the tests of package observe_test (handler_test.go) read of the
+// What the tests of package observe_test read of the
 // package's internals. They drive the rate_limit handler, whose package
 // imports this one, so they cannot be in package observe.
 

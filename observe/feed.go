@@ -19,8 +19,8 @@ import (
 // The denial feed: each store's stats keep the last feedRing denials this
 // node made in its zones (dry-run zones' would-be denials included), and a
 // Redis store's also send a sample of them, the first feedSample of each
-// second, to the zones' streams in Redis (redisfeed.go), so that any node
-// can list what the whole fleet denied (feedapi.go).
+// second, to the zones' streams in Redis, so that any node
+// can list what the whole fleet denied.
 //
 // Recording is on the request path: it copies the request's fields into a
 // slot of a fixed ring under a mutex, and hands a sampled denial to the
@@ -200,7 +200,7 @@ func (d *denial) rawKey() string {
 }
 
 // keysOf returns the client keys of the ring's denials in zone, each once:
-// the keys whose digests this node can resolve (keysapi.go).
+// the keys whose digests this node can resolve.
 func (f *denialFeed) keysOf(zone string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -9,7 +9,7 @@ import (
 )
 
 // GET /rate_limit/denials: the denial feed. For each Redis store, the
-// fleet's denials, read from the zones' streams (feed.go samples them); for
+// fleet's denials, read from the zones' streams (denialFeed samples them); for
 // the memory store, and for a Redis store that cannot be read, this node's
 // own. All of them merged, newest first.
 
@@ -62,7 +62,7 @@ func denialOf(d *Denial) denialJSON {
 
 // readFeed returns the store's fleet denials of zones: a read younger than
 // feedReadCache, else what Redis answers by deadline, else the last read,
-// stale (staleread.go).
+// stale.
 func (s *storeStats) readFeed(zones []string, limit int, deadline time.Time) reading[[]Denial] {
 	return s.feedRead.get(s.ctx, fmt.Sprint(zones, limit), feedReadCache, deadline, feedTimeout, func(ctx context.Context) ([]Denial, error) {
 		return s.shared.readDenials(ctx, zones, limit)

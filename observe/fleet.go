@@ -16,7 +16,7 @@ import (
 )
 
 // The fleet view: every node adds its per-zone counts to per-second totals
-// in the Redis its zones share (redisfleet.go), so the dashboard of any
+// in the Redis its zones share, so the dashboard of any
 // node shows what the whole fleet decided. One goroutine
 // per Redis store (not per handler) reports once a second, through the
 // store's own client, never on the request path; it lives as long as the
@@ -161,7 +161,7 @@ func (f *fleetReporter) report() {
 
 // read returns the fleet's counts of the zones over the last seconds: a
 // read younger than fleetReadCache, else what Redis answers by deadline,
-// else the last read, stale (staleread.go).
+// else the last read, stale.
 func (f *fleetReporter) read(zones []string, seconds int, deadline time.Time) reading[*FleetView] {
 	key := strings.Join(zones, "\x00") + "\x00" + strconv.Itoa(seconds)
 	return f.last.get(f.s.ctx, key, fleetReadCache, deadline, fleetTimeout, func(ctx context.Context) (*FleetView, error) {

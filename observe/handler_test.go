@@ -3,7 +3,7 @@ package observe_test
 // Tests that drive the rate_limit handler, as Caddy runs it, and read what
 // it reports. They import package fleetlimit, which imports this package, so
 // they live in package observe_test and reach the internals they read
-// through export_test.go.
+// through the names export_test exports.
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
-// The internals read here (see export_test.go).
+// The internals read here.
 var (
 	collectStats = observe.CollectStats
 	gather       = observe.Gather

@@ -28,7 +28,7 @@ import (
 //	caddy_rate_limit_evictions_total{zone}                 counter
 //	caddy_rate_limit_clock_offset_seconds{store}           gauge
 //	caddy_rate_limit_refunds_total{zone,result}            counter
-//	caddy_rate_limit_settlements_total{zone,result}        counter (settlements.go)
+//	caddy_rate_limit_settlements_total{zone,result}        counter
 //	caddy_rate_limit_settled_tokens_total{zone,result}     counter
 //	caddy_rate_limit_near_limit_total{zone}                counter
 //	caddy_rate_limit_soft_shed_delayed_total{zone}         counter
@@ -80,7 +80,7 @@ var metrics = struct {
 	decisions     *prometheus.CounterVec
 	cacheHits     *prometheus.CounterVec
 	refunds       *prometheus.CounterVec
-	settlements   *prometheus.CounterVec // settlements.go
+	settlements   *prometheus.CounterVec
 	settledTokens *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
@@ -88,8 +88,8 @@ var metrics = struct {
 	evictions     *scrapeCollector
 	clockOffset   *scrapeCollector
 	nearLimit     *prometheus.CounterVec
-	shedDelayed   *prometheus.CounterVec   // softshed.go
-	shedDelay     *prometheus.HistogramVec // softshed.go
+	shedDelayed   *prometheus.CounterVec
+	shedDelay     *prometheus.HistogramVec
 	memoryWarning *scrapeCollector
 	redisEvicted  *scrapeCollector
 
@@ -134,7 +134,7 @@ func initMetrics() {
 		metrics.nearLimit = newCounterVec("near_limit_total",
 			"Requests the zone admitted that left its bucket less than 20% of its capacity (the burst; the limit of a window or a concurrency zone).",
 			"zone")
-		initShedMetrics() // softshed.go
+		initShedMetrics()
 		metrics.memoryWarning = newScrapeCollector("redis_memory_warning",
 			"1 when Redis' memory set-up does not suit rate-limit buckets (no maxmemory, noeviction, allkeys-*; see the stats' memory.warning), else 0; absent until read, or when the ACL refuses INFO.",
 			"store", prometheus.GaugeValue, memoryWarnings)
@@ -182,7 +182,7 @@ type zoneSeries struct {
 	exempt    prometheus.Counter // decisions{outcome="exempt"}
 	nearLimit prometheus.Counter
 	// shedDelayed and shedDelay count a soft-shedding zone's delayed
-	// requests and their delays (softshed.go).
+	// requests and their delays.
 	shedDelayed prometheus.Counter
 	shedDelay   prometheus.Observer
 	cacheHits   prometheus.Counter
@@ -360,7 +360,7 @@ func zoneEvictions() map[string]float64 {
 }
 
 // clockOffsets returns this node's clock offset against each Redis store's
-// TIME: the latest estimate of the store's clock watcher (clock.go), absent
+// TIME: the latest estimate of the store's clock watcher, absent
 // until its first reading. Two stores of the same name report the first
 // one's.
 func clockOffsets() map[string]float64 {

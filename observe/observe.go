@@ -1,13 +1,11 @@
 // Package observe is what the rate_limit handler tells the outside about
 // its decisions: placeholders for logs and headers, the rate_limit_exceeded
-// event, Prometheus metrics (metrics.go; near-limit and exempt counts in
-// nearlimit.go), the statistics of every zone and
-// store in the process (stats.go, counters.go, topkeys.go, latency.go), the
-// fleet view shared through Redis (fleet.go), the denial feed (feed.go,
-// feedapi.go, netmask.go), the node's clock offset against Redis
-// (clock.go), the Redis side of those three (redisstats.go,
-// redisfleet.go, redisfeed.go, redisclock.go), and the admin API and
-// dashboard that serve them (admin.go, dashboard.go, document.go).
+// event, Prometheus metrics, the statistics of every zone and store in the
+// process (zoneStats, storeStats), the fleet view shared through Redis
+// (fleetReporter), the denial feed (denialFeed), the node's clock offset
+// against Redis (clockWatcher), the Redis side of those three (redisStats),
+// and the admin API and dashboard that serve them (adminAPI,
+// DashboardHandler).
 //
 // A handler feeds it through a Handler, made by New at Provision: Decided
 // for every decided request, Observer for the limiter's store calls, and
@@ -174,7 +172,7 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 		info := &zoneInfo{
 			alg:      z.rule.Algorithm().String(),
 			maxDelay: z.rule.MaxDelay(),
-			shedPct:  shedPercent(z.rule), // softshed.go
+			shedPct:  shedPercent(z.rule),
 			rate:     z.rule.Rate(),
 			per:      z.rule.Per(),
 			burst:    z.rule.Burst(),
@@ -312,9 +310,8 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // sets the zones' placeholders, counts the metrics and stats, records each
 // zone's denial (or dry-run zone's would-be denial) in the denial feed and
 // the top denied keys and networks, counts the admissions that left a
-// bucket near its limit (nearlimit.go) and those a soft shed delayed
-// (softshed.go), and emits the rate_limit_exceeded
-// event of each zone that denied. Call it on every decided request, with every
+// bucket near its limit and those a soft shed delayed, and emits the
+// rate_limit_exceeded event of each zone that denied. Call it on every decided request, with every
 // zone that applied, including those a cached denial left unconsulted
 // (their results are Unknown). r is the request decided; exceeded names
 // the zone that answers its denial ({http.rate_limit.exceeded.name}), ""
@@ -346,7 +343,7 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 				st.nearedLimit()
 			}
 			if res.Delay > 0 && (o == limiter.Allowed || o == limiter.LocalAllowed) && shedPercent(reqs[i].Rule) > 0 {
-				st.shed(res.Delay) // softshed.go
+				st.shed(res.Delay)
 			}
 			if denied || o == limiter.DryRunDenied {
 				if !ipLooked {

@@ -6,8 +6,8 @@ import (
 )
 
 // redisStats reads and writes what a fleet's nodes share in Redis for
-// people, not for limits: the fleet counters (redisfleet.go), the denial
-// feed (redisfeed.go) and the clock offset (redisclock.go). It goes
+// people, not for limits: the fleet counters, the denial
+// feed and the clock offset. It goes
 // through a Redis store's client, under its key prefix, with its clock;
 // no bucket ever reads what it writes.
 type redisStats struct {

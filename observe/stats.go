@@ -12,11 +12,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// The statistics behind the admin API (admin.go): per zone, rolling
-// per-second counts of each outcome (counters.go) and the keys and client
-// networks denied most (topkeys.go); per store, latency (latency.go),
-// errors, the last denials (feed.go) and, for Redis, this node's clock
-// offset (clock.go). All of it has a fixed size, whatever the traffic and
+// The statistics behind the admin API: per zone, rolling
+// per-second counts of each outcome and the keys and client
+// networks denied most; per store, latency,
+// errors, the last denials and, for Redis, this node's clock
+// offset. All of it has a fixed size, whatever the traffic and
 // however many clients there are.
 //
 // Why process-wide registries: the admin API module is provisioned by
@@ -117,13 +117,13 @@ type zoneStats struct {
 	exempt, nearLimit atomic.Uint64
 	// shedDelayed counts the requests a soft-shedding zone delayed (a
 	// dry run: would have delayed), and shedDelayUS their delays in
-	// microseconds (softshed.go).
+	// microseconds.
 	shedDelayed, shedDelayUS atomic.Uint64
 	// refunds and refundsDropped count charges given back after the
 	// response, and those the store failed to take back.
 	refunds, refundsDropped atomic.Uint64
 	// settlements and settlementsLost count cost_header settlements
-	// applied, and those the store failed (settlements.go).
+	// applied, and those the store failed.
 	settlements, settlementsLost atomic.Uint64
 	ring                         counterRing
 	top                          *topKeys
@@ -253,8 +253,8 @@ type storeError struct {
 
 // storeStats are one store's statistics, shared by every handler using that
 // store (see storeRegistry). A Redis store's stats also run its fleet
-// reporter (fleet.go), its denial feed's writer (feed.go) and its clock
-// watcher (clock.go).
+// reporter, its denial feed's writer and its clock
+// watcher.
 type storeStats struct {
 	key    string
 	name   string
@@ -270,7 +270,7 @@ type storeStats struct {
 	writer *feedWriter   // nil for the memory store
 	clock  *clockWatcher // nil for the memory store
 	// feedRead and bansRead are the last reads of a Redis store's denial
-	// streams and ban lists (staleread.go).
+	// streams and ban lists.
 	feedRead cachedRead[[]Denial]
 	bansRead cachedRead[[]limiter.BanRecord]
 	// ctx ends the reads in flight when the stats go (cancel, in

@@ -8,7 +8,7 @@ import (
 )
 
 // The top denied keys, and the top denied client networks (a second sketch
-// per zone, keyed by networkKey, see netmask.go): a Space-Saving sketch
+// per zone, keyed by networkKey): a Space-Saving sketch
 // (Metwally, Agrawal and El Abbadi, 2005) of topPerShard counters in each
 // of topShards shards, keys spread over the shards by hash so that each
 // shard's lock is rarely contended and the shards' summaries never overlap.

@@ -31,7 +31,7 @@ func (c *call) answer(out limiter.Outcome) *rlsv3.RateLimitResponse {
 //   - an unlimited rule: OK with limit_remaining the largest uint32;
 //   - a rule over its limit: OVER_LIMIT, limit_remaining 0, and the time
 //     until a request can pass again; in shadow or quota mode OK instead
-//     (see quota.go for when quota mode denies);
+//     (see call.quotaOver for when it denies);
 //   - a rule within its limit: OK, what remains (after this call's
 //     charge, when the call was admitted) and the time until the bucket
 //     is full again (a fixed window: until it ends);

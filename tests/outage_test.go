@@ -173,7 +173,7 @@ func warmFleet(t *testing.T, nodes []*localfleet.Node) {
 	for _, n := range nodes {
 		_, _ = n.Do("GET", "/", "X-Key: warm")
 	}
-	waitFleetView(t, nodes, len(nodes)) // readme_tour_test.go
+	waitFleetView(t, nodes, len(nodes))
 }
 
 // TestOutagePause: Redis stopped (SIGSTOP) for 40% of the run.

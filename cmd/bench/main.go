@@ -225,7 +225,7 @@ type options struct {
 	warmup     time.Duration
 	conns      int
 	latConns   int // connections of the light-load pass; 0: none
-	aloneRuns  int // runs of each Redis configuration with Redis alone on a CPU (redisalone.go); 0: none
+	aloneRuns  int // runs of each Redis configuration with Redis alone on a CPU; 0: none
 	keys       int
 	threads    int // wrk threads; 0: chosen from the CPUs
 	out        string
@@ -236,7 +236,7 @@ type options struct {
 	only       string
 	profile    string
 	caddy      string // a Caddy binary to measure; empty: build cmd/caddy
-	rls        bool   // run the RLS comparison (rls.go) instead
+	rls        bool   // run the RLS comparison instead
 	rlsCallers int    // concurrent callers of the RLS load
 	rlsRef     string // a reference service_cmd binary; empty: build it from tools
 	rlsHang    bool   // time the RLS answers while Redis hangs (rlshang.go) instead

@@ -27,7 +27,7 @@ type report struct {
 	Configs    []config             // in the order they ran
 	Samples    map[string][]*sample // by configuration name, one per round
 	// RedisAlone is Redis' time per decision with Redis alone on a CPU
-	// (redisalone.go).
+	// (see bench.redisAlone).
 	RedisAlone []aloneResult `json:",omitempty"`
 	Profiles   []*profileResult
 }

@@ -23,7 +23,7 @@ import (
 // allowance that docs/policies.md names: a key's requests in flight at
 // once may each report up to a burst beyond their up-front cost before the
 // bucket, in debt, denies the key. A request whose trailer never came (its
-// client hung up first: stream.go) is charged the zone's abort cost; where
+// client hung up first: KindHangUp) is charged the zone's abort cost; where
 // the upstream sends both a header and a trailer, the trailer's value is
 // the one charged.
 
@@ -35,7 +35,7 @@ const costHeaderName = "X-Tokens-Used"
 // attempts included (limiter.Settle: 1.25s of waits and three timeouts).
 const settleLate = 3 * time.Second
 
-// drawCostHeader gives, from its own stream (features.go), a third of the
+// drawCostHeader gives, from its own stream, a third of the
 // token bucket zones cost_header. Zones the victim, the exempt client's
 // twin or a refunded client rely on stay as they are: a cost reported
 // beyond the up-front one would deny those clients, which must not be.
@@ -147,7 +147,7 @@ func (cr costReport) report(w http.ResponseWriter, id string) (after func()) {
 	return func() { w.Header().Set(costHeaderName, v) }
 }
 
-// drawCostReport makes, from its own stream (features.go), half the
+// drawCostReport makes, from its own stream, half the
 // upstreams of scenarios with a cost_header zone report a cost sent in a
 // trailer also in the header first, as decoyCost (the trailer's value is
 // the one charged), and gives half the cost_header zones an abort of 1 to

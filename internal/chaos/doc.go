@@ -9,12 +9,12 @@
 // cost), no slot held by nobody, no banned key admitted, count_status
 // exact, no resource left behind by reloads, no unexpected 5xx.
 //
-// One concept per file: scenario.go draws, site.go writes the Caddyfile,
-// topology.go starts Redis, upstream.go is the application, load.go the
-// clients, stream.go the streamed answers and the client that hangs up
-// mid-stream, shedroom.go the soft shed's waiting room and its invariant, exempt.go the exempt client and its check, fault.go the faults,
-// reset.go the key resets (a DELETE of a key through a node's admin API,
-// after which its bound starts again), bans.go and resources.go what the
-// nodes expose, bound.go the exact bounds and allowances, invariants.go the
-// checks, report.go the violations, run.go one scenario end to end.
+// One concept per file: a Scenario is drawn (each feature from a stream
+// of its own, drawFeatures), written as a Caddyfile (Scenario.Site), run
+// against its Redis (startBackend), its application (startUpstream), its
+// clients (Scenario.load), its faults (injector) and its key resets
+// (KeyReset, after which a key's bound starts again), then checked
+// (checker: the exact bounds and allowances of bucketRule, bans, the soft
+// shed's rooms, exemptions, resources) and reported (Violation, Result).
+// Run is one scenario end to end.
 package chaos

@@ -45,7 +45,7 @@ type Exemption struct {
 	Target int
 }
 
-// drawExempt draws, from its own stream (features.go), whether the
+// drawExempt draws, from its own stream, whether the
 // scenario has an exempt client, and if so its address, where the
 // exemption is written, its target and the two clients. The target's zones
 // key by client, count no slots, and keep the default waiting room of a
@@ -167,7 +167,7 @@ func (c *checker) checkExempt() {
 				continue
 			}
 			if c.twinSpentQuota(q) {
-				continue // the twin's own requests spent the quota (quota.go)
+				continue // the twin's own requests spent the quota
 			}
 			twin++
 			if firstTwin == nil {

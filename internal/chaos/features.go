@@ -27,14 +27,14 @@ func featureRand(seed uint64, stream uint64) *rand.Rand {
 // drawFeatures draws the later features, each from its own stream.
 func (s *Scenario) drawFeatures() {
 	s.drawMaxWaiting(featureRand(s.Seed, streamMaxWaiting))
-	s.drawExempt(featureRand(s.Seed, streamExempt))         // exempt.go
-	s.drawQuota(featureRand(s.Seed, streamQuota))           // quota.go
-	s.drawResets(featureRand(s.Seed, streamKeyResets))      // reset.go
-	s.drawSoftShed(featureRand(s.Seed, streamSoftShed))     // softshed.go
-	s.drawCostHeader(featureRand(s.Seed, streamCostHeader)) // costheader.go
-	s.drawShedRoom(featureRand(s.Seed, streamShedRoom))     // shedroom.go
-	s.drawCostReport(featureRand(s.Seed, streamCostReport)) // costheader.go
-	s.drawHangUp(featureRand(s.Seed, streamHangUp))         // stream.go
+	s.drawExempt(featureRand(s.Seed, streamExempt))
+	s.drawQuota(featureRand(s.Seed, streamQuota))
+	s.drawResets(featureRand(s.Seed, streamKeyResets))
+	s.drawSoftShed(featureRand(s.Seed, streamSoftShed))
+	s.drawCostHeader(featureRand(s.Seed, streamCostHeader))
+	s.drawShedRoom(featureRand(s.Seed, streamShedRoom))
+	s.drawCostReport(featureRand(s.Seed, streamCostReport))
+	s.drawHangUp(featureRand(s.Seed, streamHangUp))
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

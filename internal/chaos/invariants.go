@@ -16,9 +16,9 @@ type observed struct {
 	peaks    []peak
 	windows  []window
 	bans     []banSeen
-	resets   []resetDone // the key resets (reset.go)
+	resets   []resetDone // the key resets
 	// settleLost are the tokens each cost_header zone's settlements lost,
-	// by the nodes' metrics (costheader.go).
+	// by the nodes' metrics.
 	settleLost map[string]float64
 }
 
@@ -104,7 +104,7 @@ func (c *checker) checkBounds() int {
 		if z.Global {
 			rule.reserve = 0 // clients of several reserves share it
 		}
-		// A reset key's bound starts again at each reset (reset.go).
+		// A reset key's bound starts again at each reset.
 		spanned := false
 		for _, sp := range c.spans(b) {
 			spanned = c.checkSpan(b, z, rule, sp) || spanned
@@ -135,7 +135,7 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 		if z.Cost > 0 {
 			upfront = z.Cost
 		}
-		cost := c.settledCost(z, q, upfront) // costheader.go
+		cost := c.settledCost(z, q, upfront)
 		if up.at.After(last) {
 			last = up.at
 		}

@@ -27,14 +27,14 @@ type request struct {
 	done    time.Time
 	status  int           // 0 on a transport error or an abort
 	denier  string        // the zone a 429 named
-	reason  string        // the error a 429 gave (shedroom.go)
+	reason  string        // the error a 429 gave
 	gen     string        // X-Gen of the answer
 	fromApp bool          // the answer carries X-Upstream
-	fields  bool          // the answer carries rate limit fields (exempt.go)
+	fields  bool          // the answer carries rate limit fields
 	delayed bool          // a leaky bucket or a soft shed held it (X-Ratelimit-Delay)
-	delay   time.Duration // how long, as X-Ratelimit-Delay says (softshed.go)
-	hungUp  bool          // the client hung up after a streamed answer's first chunk (stream.go)
-	head    bool          // a HEAD: its answer has no body, so no trailer (stream.go)
+	delay   time.Duration // how long, as X-Ratelimit-Delay says
+	hungUp  bool          // the client hung up after a streamed answer's first chunk
+	head    bool          // a HEAD: its answer has no body, so no trailer
 	err     string
 }
 
@@ -123,7 +123,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request, i int) {
 	if c.Abort > 0 {
 		h.Set("X-Abort", "1")
 	}
-	c.askStream(h, i) // stream.go
+	c.askStream(h, i)
 	q.sent = time.Now()
 	resp, err := cl.Do(req)
 	if err != nil {
@@ -131,7 +131,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request, i int) {
 		q.err = err.Error()
 		return
 	}
-	body, hungUp, err := readBody(resp, c.hangsUp(i)) // stream.go
+	body, hungUp, err := readBody(resp, c.hangsUp(i))
 	resp.Body.Close()
 	q.done = time.Now()
 	q.hungUp = hungUp
@@ -142,7 +142,7 @@ func (s *Scenario) send(cl *http.Client, base string, q *request, i int) {
 	q.fromApp = resp.Header.Get("X-Upstream") != ""
 	q.gen = resp.Header.Get("X-Gen")
 	q.fields, q.delayed = rateLimitFields(resp.Header)
-	q.delay = delayField(resp.Header) // softshed.go
+	q.delay = delayField(resp.Header)
 	if q.status == http.StatusTooManyRequests {
 		denier, reason, _ := strings.Cut(string(body), denialSeparator)
 		q.denier, q.reason = strings.TrimSpace(denier), strings.TrimSpace(reason)

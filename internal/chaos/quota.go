@@ -21,7 +21,7 @@ const InvQuota = "quota"
 var quotaZones = []string{"UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"}
 
 // drawQuota gives, in half the scenarios, one zone a quota (from its own
-// stream: see features.go). The victim's zones get none: the victim stays
+// stream: see drawFeatures). The victim's zones get none: the victim stays
 // within its rate, not within a quota its whole load would spend.
 func (s *Scenario) drawQuota(r *rand.Rand) {
 	if r.IntN(2) == 0 {
@@ -145,7 +145,7 @@ func (c *checker) quotaTokens(z *Zone, q *request) (tokens float64, at time.Time
 	if z.Cost > 0 {
 		cost = z.Cost
 	}
-	return c.settledQuota(z, q, cost), up.at, true // costheader.go
+	return c.settledQuota(z, q, cost), up.at, true
 }
 
 // fleetLearn is how long a node restarted (kill -9) takes at most to hear

@@ -42,7 +42,7 @@ type KeyReset struct {
 
 // drawResets draws up to two resets of steady clients' keys, in zones that
 // are per key and whose bound is checked, from r (a stream of its own:
-// features.go).
+// see drawFeatures).
 func (s *Scenario) drawResets(r *rand.Rand) {
 	type pair struct{ client, zone int }
 	var pairs []pair

@@ -84,20 +84,20 @@ type Zone struct {
 	// MaxWaiting is a leaky bucket's max_waiting, 0 for the default.
 	MaxWaiting int64
 	// Quota, QuotaPer and QuotaTZ are the zone's `quota <n> per <period>
-	// tz <zone>`; Quota 0 is none (quota.go).
+	// tz <zone>`; Quota 0 is none.
 	Quota    int64
 	QuotaPer string
 	QuotaTZ  string
 	// SoftShed is a token bucket's soft_shed percentage, 0 for none, and
-	// SoftShedMaxDelay its max delay (softshed.go).
+	// SoftShedMaxDelay its max delay.
 	SoftShed         int64
 	SoftShedMaxDelay time.Duration
 	// CostHeader gives a token bucket zone `cost_header X-Tokens-Used`:
-	// it settles the cost the upstream reports (costheader.go).
+	// it settles the cost the upstream reports.
 	CostHeader bool
 	// CostAbort, when positive, is the cost_header's abort: what a request
 	// whose reported cost never came is charged at least; 0 is the
-	// default, the most a settlement charges (costheader.go).
+	// default, the most a settlement charges.
 	CostAbort int64
 }
 
@@ -121,7 +121,7 @@ const (
 	KindRefunded = "refunded" // every response uncounted by count_status
 	KindAborter  = "aborter"  // gives up on its requests mid-way
 	KindHugeCost = "hugecost" // now and then a cost of 2^63-1
-	// KindHangUp (stream.go) hangs up mid-stream.
+	// KindHangUp hangs up mid-stream.
 )
 
 // Client is one client of the load.
@@ -156,12 +156,11 @@ type Client struct {
 	Pace time.Duration
 	// Targets are the indexes of the targets it sends to, in turn.
 	Targets []int
-	// Source is the loopback address it sends from; empty: 127.0.0.1
-	// (exempt.go).
+	// Source is the loopback address it sends from; empty: 127.0.0.1.
 	Source string
 	// Stream, when positive, asks the upstream to stream each answer in
 	// that many chunks, StreamGap apart; HangUp hangs up after the first
-	// chunk of most of them (stream.go).
+	// chunk of most of them.
 	Stream    int
 	StreamGap time.Duration
 	HangUp    bool
@@ -211,15 +210,15 @@ type Scenario struct {
 	Clients []*Client
 	// Faults are in the order they start.
 	Faults []Fault
-	// Resets are the key resets sent during the load, in order (reset.go).
+	// Resets are the key resets sent during the load, in order.
 	Resets []KeyReset
 	// VictimTarget is the index of the target the victim and the spoofer
 	// share, -1 when there is none.
 	VictimTarget int
-	// Exempt is the scenario's exemption, nil for none (exempt.go).
+	// Exempt is the scenario's exemption, nil for none.
 	Exempt *Exemption
 	// HeaderAndTrailer makes the upstream report a cost it sends in a
-	// trailer also, as another value, in the header first (costheader.go).
+	// trailer also, as another value, in the header first.
 	HeaderAndTrailer bool
 }
 
@@ -256,7 +255,7 @@ func Draw(seed uint64, o Options) *Scenario {
 	s.drawTargets(r)
 	s.drawClients(r)
 	s.drawFaults(r)
-	s.drawFeatures() // features.go
+	s.drawFeatures()
 	return s
 }
 
@@ -596,7 +595,7 @@ func (s *Scenario) drawFaults(r *rand.Rand) {
 func (s *Scenario) Summary() string {
 	var zs, fs []string
 	for _, z := range s.Zones {
-		zs = append(zs, z.Name+":"+z.Algorithm+shedSummary(z)+costSummary(z)) // softshed.go, costheader.go
+		zs = append(zs, z.Name+":"+z.Algorithm+shedSummary(z)+costSummary(z))
 	}
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)

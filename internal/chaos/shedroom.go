@@ -37,7 +37,7 @@ const InvShedRoom = "shed_room"
 // notices the client left.
 const roomHoldMargin = time.Second
 
-// drawShedRoom adds, from its own stream (features.go), in half the
+// drawShedRoom adds, from its own stream, in half the
 // scenarios, the soft shed's room zone, its target and its two clients.
 func (s *Scenario) drawShedRoom(r *rand.Rand) {
 	if r.IntN(2) == 0 {

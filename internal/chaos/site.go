@@ -121,10 +121,10 @@ func (z *Zone) writeRule(line func(format string, args ...any)) {
 		line("%s", q)
 	}
 	if z.SoftShed > 0 {
-		line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay)) // softshed.go
+		line("soft_shed %d %s", z.SoftShed, dur(z.SoftShedMaxDelay))
 	}
 	if z.CostHeader {
-		line("%s", z.costHeaderLine()) // costheader.go
+		line("%s", z.costHeaderLine())
 	}
 }
 

@@ -24,7 +24,7 @@ const InvSoftShed = "soft_shed"
 // Redis and every node.
 const shedMargin = 2 * time.Second
 
-// drawSoftShed gives, from its own stream (features.go), half the token
+// drawSoftShed gives, from its own stream, half the token
 // bucket zones a soft shed: 50 to 99% of the burst, with a max delay of
 // 50ms to 1s. Zones on the victim's target and on the exempt client's
 // keep none: their polite clients must never be delayed (a soft shed
@@ -125,7 +125,7 @@ func shedSummary(z *Zone) string {
 		return ""
 	}
 	if z.MaxWaiting > 0 {
-		return "+soft_shed" + strconv.FormatInt(z.SoftShed, 10) + "/room" + strconv.FormatInt(z.MaxWaiting, 10) // shedroom.go
+		return "+soft_shed" + strconv.FormatInt(z.SoftShed, 10) + "/room" + strconv.FormatInt(z.MaxWaiting, 10)
 	}
 	return "+soft_shed" + strconv.FormatInt(z.SoftShed, 10)
 }

@@ -19,7 +19,7 @@ import (
 // count_status zone of its targets counts: the status written is the
 // status, whoever leaves after it (docs/policies.md), so the bound counts
 // those requests as any other. A cost_header zone charges a request whose
-// trailer never came its abort charge (costheader.go).
+// trailer never came its abort charge.
 //
 // So that the checker knows for sure what the proxy saw, the upstream sends
 // nothing after the first chunk of a request whose client is to hang up
@@ -45,7 +45,7 @@ const (
 	streamLate                   // the client was to leave, the proxy did not cancel in time: sent whole, its fate unknown
 )
 
-// drawHangUp adds, from its own stream (features.go), in two scenarios of
+// drawHangUp adds, from its own stream, in two scenarios of
 // three, a client that hangs up mid-stream, on the targets where it
 // matters most (a count_status or a cost_header zone), never the victim's
 // nor the exempt client's, with a status one of their count_status zones

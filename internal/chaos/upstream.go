@@ -13,7 +13,7 @@ import (
 // time it asked for (X-Sleep, in ms), marks its answers (X-Upstream), and
 // records every request it saw: the requests the fleet admitted. It counts,
 // per concurrency zone and key, the requests it holds at once. A request
-// may ask for its body as a stream (X-Stream, stream.go).
+// may ask for its body as a stream (X-Stream, see streamEnd).
 type upstream struct {
 	srv  *http.Server
 	addr string
@@ -21,7 +21,7 @@ type upstream struct {
 	// a path.
 	czones func(path string) []*Zone
 	// costs says whether and how it reports a real cost of each request
-	// in X-Tokens-Used (costheader.go).
+	// in X-Tokens-Used.
 	costs costReport
 
 	mu       sync.Mutex
@@ -34,7 +34,7 @@ type upstream struct {
 type seenRequest struct {
 	at     time.Time // when it arrived
 	status int       // what it answered (or would have)
-	end    streamEnd // how a streamed answer ended (stream.go)
+	end    streamEnd // how a streamed answer ended
 }
 
 // peak is a moment when more requests of a key were in flight through a
@@ -46,7 +46,7 @@ type peak struct {
 }
 
 // startUpstream starts the upstream on a free loopback port; it reports each
-// request's real cost as costs says (costheader.go).
+// request's real cost as costs says.
 func startUpstream(czones func(path string) []*Zone, costs costReport) (*upstream, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
