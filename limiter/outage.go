@@ -92,8 +92,17 @@ func (l *Limiter) seed(q *Request, local *Rule, n int64) *owed {
 	switch {
 	case !ok:
 	case q.Rule.alg == Quota:
-		// The node's share of the count Redis last gave it, rounded up.
-		m.startQuotaAt(local, q.Key, ceilDiv(e.seen, max(1, n)), e.period)
+		// The node's share of the count Redis last gave it, rounded up:
+		// the seed, or the count the deny cache still holds once the
+		// seed went in with a charge (a key first decided here in the
+		// grace after Redis came back).
+		heard := e.seen
+		if l.cache != nil {
+			if c, ok := l.cache.lastQuota(q.Rule, q.Key, e.period); ok {
+				heard = max(heard, c)
+			}
+		}
+		m.startQuotaAt(local, q.Key, ceilDiv(heard, max(1, n)), e.period)
 	default:
 		var left int64 // microseconds until the shared bucket is full: 0 when never seen
 		if l.cache != nil && q.Rule.remembered() {

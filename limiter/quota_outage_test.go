@@ -381,3 +381,52 @@ func TestQuotaOutageLedgerReadsTheClock(t *testing.T) {
 		t.Fatalf("the local quota admitted %d during the outage, want 5 (its 15 less its share, 10, of the 20 the store counted)", admitted)
 	}
 }
+
+// TestQuotaGraceStartsFromCountHeard: a node spent a key's daily quota of
+// 30 on Redis (fleet size 2), then Redis pauses while the node decides only
+// another key: the key enters the ledger with the count heard (30). Redis
+// resumes; the node charges its ledger (the key's seed goes in) and, in the
+// grace that follows, decides the key on its local quota. That quota starts
+// from the node's share of the count heard (15 of 15): the key is denied,
+// not given a fresh local quota because its seed was already sent.
+func TestQuotaGraceStartsFromCountHeard(t *testing.T) {
+	srv := redistest.Start(t)
+	l := quotaNode(t, srv)
+	r, err := NewRule(RuleConfig{Name: "q", Algorithm: Quota, Rate: 30, Period: Day, FleetSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(key string) Outcome {
+		return l.Decide(context.Background(), []Request{{Rule: r, Key: key, Cost: 1}}, make([]Result, 1))
+	}
+	for i := range 30 {
+		if out := decide("k"); out != Allowed {
+			t.Fatalf("request %d of 30 on Redis: %s", i+1, out)
+		}
+	}
+	if out := decide("k"); out != Denied {
+		t.Fatalf("the 31st request on Redis: %s", out)
+	}
+	srv.Pause()
+	if out := decide("other"); out != LocalAllowed {
+		srv.Resume()
+		t.Fatalf("another key with Redis paused: %s", out)
+	}
+	srv.Resume()
+	// Both keys' charges go in (the grace waits up to returnGraceMax for
+	// the other node's, which never come).
+	deadline := time.Now().Add(returnGraceMax / 2)
+	for charged, _, _ := l.OutageCharges(); charged < 2; charged, _, _ = l.OutageCharges() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 keys charged within %s of Redis' return", charged, returnGraceMax/2)
+		}
+		decide("other")
+		time.Sleep(5 * time.Millisecond)
+	}
+	if l.out.graceUntil.Load() == 0 {
+		t.Fatal("the grace after Redis came back was over before the key was decided")
+	}
+	if out := decide("k"); out != LocalDenied {
+		t.Fatalf("a key whose quota (30) was spent, decided on the local quota in the grace after its seed went in: %s, want %s", out, LocalDenied)
+	}
+}
