@@ -323,21 +323,18 @@ func quoteValue(v string) string {
 	return strconv.Quote(v)
 }
 
-// The tier that applied last to a key, for the admin API's key lookup
-// (GET /rate_limit/keys): a zone whose rate or burst comes from
-// placeholders has a rule per tier, and its bucket does not say which one
-// charged it. Each node remembers it, lossily, in a fixed table: a slot per
-// hash of the key holds the key's hash and the tier's number, one atomic
-// store per request of such a zone, nothing allocated. A key whose slot a
-// later key took is unknown; so is a key this node did not decide.
-
 // lastTierSlots is how many keys the table remembers at most.
 const lastTierSlots = 4096
 
 // tierBits is how many low bits of a slot hold the tier's number.
 const tierBits = 16
 
-// lastTiers is one zone's table.
+// lastTiers is one zone's table of the tier that applied last to a key,
+// for the admin API's key lookup (a bucket does not say which tier charged
+// it). It is lossy and fixed: a slot per hash of the key holds the key's
+// hash and the tier's number, one atomic store per request, nothing
+// allocated; a key whose slot a later key took is unknown, as is a key
+// this node did not decide.
 type lastTiers struct {
 	seed  maphash.Seed
 	slots [lastTierSlots]atomic.Uint64

@@ -9,38 +9,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// Prometheus metrics. Caddy gives every config load a new registry
-// (ctx.GetMetricsRegistry), so the collectors below are created once per
-// process and registered into each new registry on every Provision: the
-// counters keep counting across reloads. Labels are zone names and store
-// names, which come from the configuration: a client key is never a label,
-// so the number of series does not follow the clients.
-//
-// A zone's series are labelled by its name only: zones of the same name on
-// different stores (which the statistics tell apart, see zoneKey) count
-// into the same series, summed.
-//
-//	caddy_rate_limit_decisions_total{zone,outcome}         counter
-//	caddy_rate_limit_deny_cache_hits_total{zone}           counter
-//	caddy_rate_limit_store_duration_seconds{store}         histogram
-//	caddy_rate_limit_store_errors_total{store,reason}      counter
-//	caddy_rate_limit_breaker_open{store}                   gauge
-//	caddy_rate_limit_evictions_total{zone}                 counter
-//	caddy_rate_limit_clock_offset_seconds{store}           gauge
-//	caddy_rate_limit_refunds_total{zone,result}            counter
-//	caddy_rate_limit_settlements_total{zone,result}        counter
-//	caddy_rate_limit_settled_tokens_total{zone,result}     counter
-//	caddy_rate_limit_near_limit_total{zone}                counter
-//	caddy_rate_limit_soft_shed_delayed_total{zone}         counter
-//	caddy_rate_limit_soft_shed_delay_seconds{zone}         histogram
-//	caddy_rate_limit_redis_memory_warning{store}           gauge
-//	caddy_rate_limit_redis_evicted_keys_total{store}       counter
-//
-// outcome is one of allowed, denied, failed_open, failed_closed,
-// local_allowed, local_denied, banned, dry_run_denied (see zoneOutcome),
-// and exempt (a request the zone left alone: its client is exempt);
-// reason is one of timeout, breaker_open, oom, auth, error; a refund's
-// result is applied or dropped.
+// Prometheus metrics: collectors made once per process and registered into
+// every config load's registry, so that counters count across reloads,
+// labelled only by what the configuration names (zone, store, outcome,
+// reason), never by client. Why, in docs/design.md (Metrics); the series,
+// in docs/observability.md.
 
 const (
 	metricsNamespace = "caddy"
