@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 )
 
 // The stores outlive config reloads: a new configuration provisions before
@@ -254,6 +255,25 @@ func ProvisionStore(redis *RedisConfig, opt StoreOptions) (*SharedStore, error) 
 		s.Local, s.keys = local, append(s.keys, memoryPoolKey)
 	}
 	return s, nil
+}
+
+// ObserveConfig returns the observe.Config of a user of the store other
+// than a handler (the Envoy rate limit service), with its zones left to
+// fill: the store, its statistics' key and name as the handlers on it
+// have them (so that they count together), the memory store, and the key
+// digests of handlers without key_digest_secret (from Caddy's storage).
+func (s *SharedStore) ObserveConfig(ctx caddy.Context) (observe.Config, error) {
+	h := s.owner
+	if err := h.provisionDigester(ctx); err != nil {
+		return observe.Config{}, err
+	}
+	return observe.Config{
+		Store:     s.Store,
+		StoreKey:  s.keys[0],
+		StoreName: h.storeName(),
+		Memory:    memoryOf(s.Store, s.Local),
+		Digest:    h.digest,
+	}, nil
 }
 
 // Release gives the store back to the pool (the last user closes it) and

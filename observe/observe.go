@@ -15,7 +15,6 @@ package observe
 
 import (
 	"net/http"
-	"net/netip"
 	"strconv"
 	"time"
 
@@ -63,6 +62,11 @@ type Config struct {
 
 // ZoneConfig is what a handler tells observe of one zone beyond its rule.
 type ZoneConfig struct {
+	// Name is the zone's name in metric labels, the statistics, the
+	// denial feed and the admin API; "" for its rule's name. The Envoy
+	// rate limit service names each of its rules so ("rls/" and the
+	// rule's key), since its rules share bucket names.
+	Name string
 	// Match describes what the zone's own matchers match, from the
 	// configuration (never client data); "" when the zone applies to
 	// every request its handler sees. The denial feed shows it instead of
@@ -141,6 +145,9 @@ func New(ctx caddy.Context, cfg Config) (*Handler, error) {
 		}
 		if i < len(cfg.Zones) {
 			h.zones[i].cfg = cfg.Zones[i]
+			if n := cfg.Zones[i].Name; n != "" {
+				h.zones[i].name = n
+			}
 		}
 	}
 	if cfg.DisableMetrics {
@@ -317,6 +324,51 @@ func zoneOutcome(outcome limiter.Outcome, rule *limiter.Rule, res *limiter.Resul
 // the zone that answers its denial ({http.rate_limit.exceeded.name}), ""
 // when it was not denied.
 func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result, exceeded string) {
+	h.decided(httpOrigin{r}, repl, outcome, zones, reqs, results, exceeded)
+}
+
+// Call is where a decision that no HTTP request asked for came from: an
+// Envoy rate limit service's call. The denial feed shows Method and Host
+// as it shows a request's, and the zone's Match as its route.
+type Call struct {
+	// Method names the call ("ShouldRateLimit").
+	Method string
+	// Host is what the call is about: the rate limit domain.
+	Host string
+}
+
+// DecidedCall records the decision of a call, as Decided records a
+// request's: the metrics and statistics of zones, their denials in the
+// denial feed and the top denied keys, the near-limit counts and the
+// rate_limit_exceeded event. A call has no client address (its caller is a
+// proxy), so it adds no denied network, and no placeholders.
+func (h *Handler) DecidedCall(c Call, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result) {
+	h.decided(c, nil, outcome, zones, reqs, results, "")
+}
+
+// origin is what a decision's denial feed entry tells of where it came
+// from: an HTTP request (httpOrigin) or a Call.
+type origin interface {
+	fill(dr *denialRequest, lookIP bool)
+}
+
+// httpOrigin is an HTTP request as an origin.
+type httpOrigin struct{ r *http.Request }
+
+func (o httpOrigin) fill(dr *denialRequest, lookIP bool) {
+	dr.method, dr.host = o.r.Method, o.r.Host
+	if o.r.URL != nil {
+		dr.path = o.r.URL.Path // kept only with log_key (see denial.fill)
+	}
+	if lookIP {
+		dr.ip = clientAddr(o.r)
+	}
+}
+
+func (c Call) fill(dr *denialRequest, _ bool) { dr.method, dr.host = c.Method, c.Host }
+
+// decided is Decided for a request or a call; repl is nil for a call.
+func (h *Handler) decided(src origin, repl *caddy.Replacer, outcome limiter.Outcome, zones []*Zone, reqs []limiter.Request, results []limiter.Result, exceeded string) {
 	ph := placeholders{exceeded: exceeded}
 	var now time.Time
 	if h.store != nil {
@@ -324,12 +376,12 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 	}
 	sec := now.Unix()
 	var (
-		ip       netip.Addr // the client's, once looked up
+		where    denialRequest // the origin's part, once looked up
 		ipLooked bool
 	)
 	for i, z := range zones {
 		res := &results[i]
-		if !res.Unknown { // zone names are unique in a handler
+		if !res.Unknown && repl != nil { // zone names are unique in a handler
 			ph.add(z, &reqs[i], res)
 		}
 		o, ok := zoneOutcome(outcome, z.rule, res)
@@ -347,9 +399,10 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 			}
 			if denied || o == limiter.DryRunDenied {
 				if !ipLooked {
-					ip, ipLooked = clientAddr(r), true
+					src.fill(&where, true)
+					ipLooked = true
 				}
-				h.recordDenial(r, z, &reqs[i], res, ip, now, denied)
+				h.recordDenial(&where, z, &reqs[i], res, now, denied)
 			}
 		}
 		if denied && h.events != nil && h.events.ShouldEmit(exceededEvent) {
@@ -362,18 +415,21 @@ func (h *Handler) Decided(r *http.Request, repl *caddy.Replacer, outcome limiter
 			h.emitPolicyEvent(bannedEvent, z, &reqs[i], res)
 		}
 	}
-	ph.register(repl)
+	if repl != nil {
+		ph.register(repl)
+	}
 }
 
 // recordDenial records a zone's denial, or a dry-run zone's would-be
-// denial, of a request from ip at time now: in the store's denial feed,
-// and, if it denied, in the zone's top denied keys and networks.
-func (h *Handler) recordDenial(r *http.Request, z *Zone, req *limiter.Request, res *limiter.Result, ip netip.Addr, now time.Time, denied bool) {
+// denial, at time now of a request or call from where (its method, host,
+// path and client address): in the store's denial feed, and, if it
+// denied, in the zone's top denied keys and networks.
+func (h *Handler) recordDenial(where *denialRequest, z *Zone, req *limiter.Request, res *limiter.Result, now time.Time, denied bool) {
 	st := z.stats
 	if denied {
 		sec := now.Unix()
 		st.top.add(req.Key, sec)
-		if k, ok := keyOfNetwork(ip); ok {
+		if k, ok := keyOfNetwork(where.ip); ok {
 			st.nets.addBytes(k.bytes(), sec)
 		}
 	}
@@ -381,17 +437,15 @@ func (h *Handler) recordDenial(r *http.Request, z *Zone, req *limiter.Request, r
 		at:     now,
 		zone:   z.name,
 		key:    req.Key,
-		method: r.Method,
-		host:   r.Host,
+		method: where.method,
+		host:   where.host,
+		path:   where.path,
 		route:  z.cfg.Match,
-		ip:     ip,
+		ip:     where.ip,
 		logKey: h.logKey,
 		digest: h.digest,
 		banned: res.Banned,
 		dryRun: res.DryRun,
-	}
-	if r.URL != nil {
-		dr.path = r.URL.Path // kept only with log_key (see denial.fill)
 	}
 	st.store.feed.record(&dr)
 }

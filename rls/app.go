@@ -181,6 +181,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("config_dir: %w", err)
 	}
+	obsBase, err := a.store.ObserveConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if err := rules.observeRules(ctx, obsBase); err != nil {
+		return err
+	}
 	opt := limiter.Options{Log: a.logger, Local: a.store.Local}
 	if a.Redis != nil {
 		opt.Cache = limiter.NewDenyCache(limiter.DenyCacheOptions{Size: a.Redis.DenyCacheSize})
@@ -193,7 +200,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 			if err != nil {
 				return err
 			}
-			a.service.rules.Store(rs)
+			if err := rs.observeRules(ctx, obsBase); err != nil {
+				return err
+			}
+			if err := a.service.rules.Swap(rs).releaseObserved(); err != nil {
+				a.logger.Warn("releasing the previous rules' statistics", zap.Error(err))
+			}
 			return nil
 		}
 		if a.xds, err = newSubscription(a.XDS, apply, a.lastXDS, a.logger); err != nil {
@@ -205,7 +217,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			every = defaultRefreshInterval
 		}
 		a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
-			store: a.store.Store, service: a.service, logger: a.logger}
+			store: a.store.Store, service: a.service, logger: a.logger, ctx: ctx, obsBase: obsBase}
 	}
 	a.logger.Info("rate limit service configured",
 		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
@@ -333,13 +345,20 @@ func (a *App) Stop() error {
 // Cleanup releases the limiter and the store; the last user of a store
 // closes it.
 func (a *App) Cleanup() error {
+	var err error
+	if a.service != nil {
+		err = a.service.rules.Load().releaseObserved()
+	}
 	if a.limiter != nil {
 		a.limiter.Close()
 	}
 	if a.lastXDS != nil {
 		_, _ = lastXDSPool.Delete(lastXDSKey(a.XDS))
 	}
-	return a.store.Release()
+	if a.store == nil {
+		return err
+	}
+	return errors.Join(err, a.store.Release())
 }
 
 // defaultGracePeriod is GracePeriod's default.

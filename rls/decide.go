@@ -6,6 +6,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
@@ -22,6 +23,11 @@ type call struct {
 	gives   []give
 	entries []config.Entry
 	key     [256]byte
+	// ozones, oreqs and ores are the zones, requests and results that
+	// record passes on (observe.go).
+	ozones []*observe.Zone
+	oreqs  []limiter.Request
+	ores   []limiter.Result
 }
 
 // item is one descriptor's part of the call.
@@ -47,8 +53,10 @@ func (c *call) release() {
 	clear(c.items)
 	clear(c.reqs)
 	clear(c.entries)
+	clear(c.ozones)
+	clear(c.oreqs)
 	*c = call{limits: c.limits[:0], items: c.items[:0], reqs: c.reqs[:0], results: c.results[:0],
-		gives: c.gives[:0], entries: c.entries[:0]}
+		gives: c.gives[:0], entries: c.entries[:0], ozones: c.ozones[:0], oreqs: c.oreqs[:0], ores: c.ores[:0]}
 	callPool.Put(c)
 }
 
@@ -156,8 +164,9 @@ func stricter(a, b *limiter.Rule) bool {
 }
 
 // decide decides the call's requests in one limiter decision (none when a
-// rule that admits nothing already denies it) and answers.
-func (c *call) decide(ctx context.Context, l *limiter.Limiter) *rlsv3.RateLimitResponse {
+// rule that admits nothing already denies it), records it in obs (nil:
+// nowhere) and answers.
+func (c *call) decide(ctx context.Context, l *limiter.Limiter, obs *observed) *rlsv3.RateLimitResponse {
 	if c.banned() {
 		return c.answer(limiter.Denied)
 	}
@@ -169,10 +178,12 @@ func (c *call) decide(ctx context.Context, l *limiter.Limiter) *rlsv3.RateLimitR
 	if out == limiter.Allowed || out == limiter.LocalAllowed {
 		if c.quotaOver() {
 			c.refundCharged(ctx, l, out)
+			c.record(obs, limiter.Denied)
 			return c.answerQuotaOver()
 		}
 		c.giveBack(ctx, l, out)
 	}
+	c.record(obs, out)
 	return c.answer(out)
 }
 

@@ -48,6 +48,10 @@ type rules struct {
 
 	mu        sync.Mutex
 	overrides map[overrideKey]*rule
+
+	// obs shows the rules' decisions (observe.go); nil until
+	// observeRules.
+	obs *observed
 }
 
 // overrideKey identifies a request's own limit: the same domain, rate and

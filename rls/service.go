@@ -57,7 +57,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, err
 	}
 	dctx, cancel := decisionContext(ctx)
-	resp := c.decide(dctx, s.limiter)
+	resp := c.decide(dctx, s.limiter, rs.obs)
 	cancel()
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()

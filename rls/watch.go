@@ -9,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
@@ -34,9 +36,13 @@ type watcher struct {
 	store     limiter.Store
 	service   *service
 	logger    *zap.Logger
-	last      [sha256.Size]byte // the files' fingerprint at the last load
-	stop      chan struct{}
-	done      chan struct{}
+	// ctx and obsBase give each load of the rules its zones in the
+	// observe package (observeRules).
+	ctx     caddy.Context
+	obsBase observe.Config
+	last    [sha256.Size]byte // the files' fingerprint at the last load
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // start starts watching; the fingerprint is the files' now.
@@ -78,7 +84,14 @@ func (w *watcher) check() {
 	if err == nil {
 		var rs *rules
 		if rs, err = compileRules(cfg, w.policy, w.fleetSize, w.store); err == nil {
-			w.service.rules.Store(rs)
+			err = rs.observeRules(w.ctx, w.obsBase)
+		}
+		if err == nil {
+			if old := w.service.rules.Swap(rs); old != nil {
+				if err := old.releaseObserved(); err != nil {
+					w.logger.Warn("releasing the previous rules' statistics", zap.Error(err))
+				}
+			}
 			w.logger.Info("rate limit service rules reloaded", zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
 			return
 		}

@@ -1,0 +1,95 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+)
+
+// TestRLSObserved: in a Caddy built from cmd/caddy, the service's rule
+// shows as a zone does: named "rls/" and the rule's key in the metrics,
+// the stats, the denial feed (the call's method and domain, the rule as
+// its route) and the admin API's key lookup, and no descriptor value is a
+// metric label.
+func TestRLSObserved(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	rlsRules(t, dir, 2)
+	port := redistest.FreePort(t)
+	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), `respond "ok"`)
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	const ip = "192.0.2.77"
+	for i, want := range []string{"OK", "OK", "OVER_LIMIT"} {
+		resp, err := rlsCall(client, 10*time.Second, ip)
+		if err != nil || resp.OverallCode.String() != want {
+			t.Fatalf("call %d: %v %v, want %s", i, resp.GetOverallCode(), err, want)
+		}
+	}
+	const zone = "rls/edge.remote_address"
+
+	m := n.scrape()
+	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "allowed")
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "denied")
+	for _, s := range m {
+		for name, v := range s.Labels {
+			if strings.Contains(v, ip) {
+				t.Errorf("%s{%s=%q}: a descriptor's value is a label", s.Name, name, v)
+			}
+		}
+	}
+
+	s := n.stats("")
+	i := zoneIndex(s, zone)
+	if i < 0 {
+		t.Fatalf("no zone %s in the stats", zone)
+	}
+	if z := s.Zones[i]; z.Rate != 2 || z.Totals["allowed"] != 2 || z.Totals["denied"] != 1 {
+		t.Errorf("stats of %s: rate %d, totals %v, want 2 per hour, 2 allowed and 1 denied", zone, z.Rate, z.Totals)
+	}
+
+	f, body := n.waitDenials("the call's denial", "", 5*time.Second, func(f denialFeed) bool {
+		for _, d := range f.Denials {
+			if d.Zone == zone {
+				return true
+			}
+		}
+		return false
+	})
+	for _, d := range f.Denials {
+		if d.Zone != zone {
+			continue
+		}
+		if d.Method != "ShouldRateLimit" || d.Host != "edge" || d.Route != "edge.remote_address" || d.KeyDigest == "" ||
+			d.Key != "" || strings.Contains(body, ip) {
+			t.Errorf("the call's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address and only a digest of the key\n%s", d, body)
+		}
+	}
+
+	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
+	if st != 200 {
+		t.Fatalf("key lookup: %d %s", st, body)
+	}
+	var l keyLookup
+	if err := json.Unmarshal([]byte(body), &l); err != nil {
+		t.Fatalf("key lookup: %v\n%s", err, body)
+	}
+	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 2 || l.Keys[0].Rules[0].Remaining != 0 {
+		t.Fatalf("key lookup of the descriptor: %s, want its bucket at 2 per hour with none left", body)
+	}
+}
