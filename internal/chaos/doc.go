@@ -12,8 +12,9 @@
 // One concept per file: a Scenario is drawn (each feature from a stream
 // of its own, drawFeatures), written as a Caddyfile (Scenario.Site), run
 // against its Redis (startBackend), its application (startUpstream), its
-// clients (Scenario.load), its faults (injector) and its key resets
-// (KeyReset, after which a key's bound starts again), then checked
+// clients (Scenario.load), its faults (injector), its key resets
+// (KeyReset, after which a key's bound starts again) and its client of
+// Envoy's rate limit service on zones of the site (RLSLoad), then checked
 // (checker: the exact bounds and allowances of bucketRule, bans, the soft
 // shed's rooms, exemptions, resources) and reported (Violation, Result).
 // Run is one scenario end to end.

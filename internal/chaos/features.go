@@ -17,6 +17,7 @@ const (
 	streamShedRoom
 	streamCostReport
 	streamHangUp
+	streamRLS
 )
 
 // featureRand returns the random stream of one later feature for a seed.
@@ -35,6 +36,7 @@ func (s *Scenario) drawFeatures() {
 	s.drawShedRoom(featureRand(s.Seed, streamShedRoom))
 	s.drawCostReport(featureRand(s.Seed, streamCostReport))
 	s.drawHangUp(featureRand(s.Seed, streamHangUp))
+	s.drawRLS(featureRand(s.Seed, streamRLS))
 }
 
 // drawMaxWaiting gives half the leaky bucket zones a small waiting room

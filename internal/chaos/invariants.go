@@ -12,6 +12,7 @@ import (
 // observed is everything a run saw, for the checks.
 type observed struct {
 	requests []*request
+	rlsCalls []*request             // the RLS client's calls
 	seen     map[string]seenRequest // the upstream's, by request id
 	peaks    []peak
 	windows  []window
@@ -27,8 +28,9 @@ type checker struct {
 	s   *Scenario
 	o   *observed
 	out []Violation
-	// tightest is the bucket span that came closest to its bound.
-	tightest Tightness
+	// tightest is the bucket span that came closest to its bound, and
+	// rlsTightest the closest of the buckets the RLS client shares.
+	tightest, rlsTightest Tightness
 	// figures are what the later checks saw, for the result.
 	figures []string
 }
@@ -61,6 +63,7 @@ type bucket struct {
 	key      string
 	client   *Client
 	requests []*request
+	rls      bool // the RLS client's calls spend it too
 }
 
 // buckets groups the requests by zone and bucket key.
@@ -87,6 +90,22 @@ func (c *checker) buckets() []*bucket {
 			b.requests = append(b.requests, q)
 		}
 	}
+	if c.s.RLS == nil {
+		return out
+	}
+	for _, q := range c.o.rlsCalls {
+		for _, zi := range c.s.RLS.Zones {
+			id := c.s.Zones[zi].Name + "|" + bucketKey(q.key)
+			b := idx[id]
+			if b == nil {
+				b = &bucket{zone: zi, key: bucketKey(q.key), client: q.client}
+				idx[id] = b
+				out = append(out, b)
+			}
+			b.requests = append(b.requests, q)
+			b.rls = true
+		}
+	}
 	return out
 }
 
@@ -101,8 +120,8 @@ func (c *checker) checkBounds() int {
 		}
 		rate, burst := c.s.rule(z, b.client)
 		rule := bucketRule{zone: z, rate: rate, burst: burst, per: z.Per, reserve: c.s.reserveOf(z, b.client), nodes: c.s.Nodes}
-		if z.Global {
-			rule.reserve = 0 // clients of several reserves share it
+		if z.Global || b.rls {
+			rule.reserve = 0 // clients of several reserves share it; an RLS call keeps none
 		}
 		// A reset key's bound starts again at each reset.
 		spanned := false
@@ -127,19 +146,14 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 		if sp.from.IsZero() && (first.IsZero() || q.sent.Before(first)) {
 			first = q.sent
 		}
-		up, ok := c.o.seen[q.id]
-		if !ok || !counted(z.CountStatus, up.status) {
+		at, cost, ok := c.admission(z, q)
+		if !ok {
 			continue
 		}
-		upfront := q.cost
-		if z.Cost > 0 {
-			upfront = z.Cost
+		if at.After(last) {
+			last = at
 		}
-		cost := c.settledCost(z, q, upfront)
-		if up.at.After(last) {
-			last = up.at
-		}
-		if z.OnError == "allow" && c.inFault(q.sent, up.at, 0, 0, c.redisDown) {
+		if z.OnError == "allow" && c.inFault(q.sent, at, 0, 0, c.redisDown) {
 			failOpen += cost // the allowance named "on_error allow"
 			continue
 		}
@@ -183,14 +197,37 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 			}
 		}
 	}
-	if use := tokens / (bound + allow); use > c.tightest.Use {
-		c.tightest = Tightness{Use: use, Zone: z.Name, Key: b.key, Tokens: tokens, Bound: bound, Allow: allow}
+	tight := Tightness{Use: tokens / (bound + allow), Zone: z.Name, Key: b.key, Tokens: tokens, Bound: bound, Allow: allow}
+	if tight.Use > c.tightest.Use {
+		c.tightest = tight
+	}
+	if b.rls && tight.Use > c.rlsTightest.Use {
+		c.rlsTightest = tight
 	}
 	if tokens > math.Floor(bound+allow+1e-9) {
 		c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
 			z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(sp.requests), int(failOpen))
 	}
 	return true
+}
+
+// admission returns, for a request that zone z admitted and counted, when
+// it was seen admitted and the tokens it spent: a request the upstream saw
+// with a status z counts, at its cost (settled, for cost_header); an RLS
+// call answered OK, at its hits, when its answer came.
+func (c *checker) admission(z *Zone, q *request) (at time.Time, cost float64, ok bool) {
+	if q.rls {
+		return q.done, float64(q.cost), q.status == 200
+	}
+	up, ok := c.o.seen[q.id]
+	if !ok || !counted(z.CountStatus, up.status) {
+		return time.Time{}, 0, false
+	}
+	upfront := q.cost
+	if z.Cost > 0 {
+		upfront = z.Cost
+	}
+	return up.at, c.settledCost(z, q, upfront), true // costheader.go
 }
 
 // checkInFlight checks the upstream's counts of requests in flight per

@@ -35,6 +35,7 @@ type request struct {
 	delay   time.Duration // how long, as X-Ratelimit-Delay says
 	hungUp  bool          // the client hung up after a streamed answer's first chunk
 	head    bool          // a HEAD: its answer has no body, so no trailer
+	rls     bool          // a ShouldRateLimit call of the RLS client: 200 is OK, 429 OVER_LIMIT
 	err     string
 }
 

@@ -52,6 +52,9 @@ type fleet struct {
 	base  []Usage
 	// site writes a node's Caddyfile for the configuration's generation.
 	site func(gen int) string
+	// globals are each node's global options (its rate_limit_rls app, if
+	// the scenario has an RLS client), rlsAddrs the app's addresses.
+	globals, rlsAddrs []string
 }
 
 // startFleet starts the scenario's Redis, upstream and nodes, warms every
@@ -66,6 +69,7 @@ func startFleet(t redistest.T, bin string, s *Scenario) *fleet {
 	f.up = up
 	block := f.be.block()
 	f.site = func(gen int) string { return s.Site(block, up.addr, gen) }
+	f.globals, f.rlsAddrs = s.rlsGlobals(t, s.Nodes, block)
 
 	f.nodes = make([]*localfleet.Node, s.Nodes)
 	var wg sync.WaitGroup
@@ -73,7 +77,7 @@ func startFleet(t redistest.T, bin string, s *Scenario) *fleet {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.nodes[i] = localfleet.StartNode(t, bin, "", f.site(0))
+			f.nodes[i] = localfleet.StartNode(t, bin, f.globals[i], f.site(0))
 		}()
 	}
 	wg.Wait()
@@ -96,7 +100,7 @@ func startFleet(t redistest.T, bin string, s *Scenario) *fleet {
 // waits for what they left queued to settle, and returns what was observed
 // (the upstream's side is read later) and when the load ended.
 func (f *fleet) load(s *Scenario) (*observed, time.Time) {
-	in := newInjector(s, f.be, f.nodes, func(n *localfleet.Node, gen int) error { return n.Reload("", f.site(gen)) })
+	in := newInjector(s, f.be, f.nodes, rlsReload(f.nodes, f.globals, f.site))
 	ctx, cancel := context.WithTimeout(context.Background(), s.Load)
 	defer cancel()
 	bansCtx, stopBans := context.WithCancel(context.Background())
@@ -114,6 +118,12 @@ func (f *fleet) load(s *Scenario) (*observed, time.Time) {
 		defer close(loadDone)
 		requests = s.load(ctx, func(i int) string { return f.nodes[i].URL }, len(f.nodes))
 	}()
+	var rlsCalls []*request
+	rlsDone := make(chan struct{})
+	go func() {
+		defer close(rlsDone)
+		rlsCalls = s.runRLS(ctx, f.rlsAddrs)
+	}()
 	var resets []resetDone
 	resetsDone := make(chan struct{})
 	go func() {
@@ -122,11 +132,12 @@ func (f *fleet) load(s *Scenario) (*observed, time.Time) {
 	}()
 	windows := in.run(start)
 	<-loadDone
+	<-rlsDone
 	<-resetsDone
 	loadEnd := time.Now()
 	time.Sleep(settle)
 	stopBans()
-	return &observed{requests: requests, windows: windows, bans: bans.list(), resets: resets,
+	return &observed{requests: requests, rlsCalls: rlsCalls, windows: windows, bans: bans.list(), resets: resets,
 		settleLost: s.settlementsLost(f.nodes, settle)}, loadEnd
 }
 
@@ -163,6 +174,7 @@ func (c *checker) checkObserved(res *Result, nodes []*localfleet.Node) {
 	c.checkSoftShed()
 	c.checkShedRooms()
 	c.countHangUps()
+	c.checkRLS()
 }
 
 // checkResources checks that every node not killed during the run is back

@@ -220,6 +220,9 @@ type Scenario struct {
 	// HeaderAndTrailer makes the upstream report a cost it sends in a
 	// trailer also, as another value, in the header first.
 	HeaderAndTrailer bool
+	// RLS is the scenario's client of Envoy's rate limit service, nil for
+	// none.
+	RLS *RLSLoad
 }
 
 // Options bound what Draw may choose.
@@ -600,7 +603,7 @@ func (s *Scenario) Summary() string {
 	for _, f := range s.Faults {
 		fs = append(fs, f.Kind)
 	}
-	return fmt.Sprintf("%s x%d, zones [%s], %d clients%s, faults [%s]%s", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), s.streamSummary(), strings.Join(fs, " "), s.resetsSummary())
+	return fmt.Sprintf("%s x%d, zones [%s], %d clients%s%s, faults [%s]%s", s.Topology, s.Nodes, strings.Join(zs, " "), len(s.Clients), s.streamSummary(), s.rlsSummary(), strings.Join(fs, " "), s.resetsSummary())
 }
 
 // counted reports whether a response of status is counted by a zone with
