@@ -239,7 +239,7 @@ type options struct {
 	rls        bool   // run the RLS comparison instead
 	rlsCallers int    // concurrent callers of the RLS load
 	rlsRef     string // a reference service_cmd binary; empty: build it from tools
-	rlsHang    bool   // time the RLS answers while Redis hangs (rlshang.go) instead
+	rlsHang    bool   // time the RLS answers while Redis hangs (runRLSHang) instead
 }
 
 func main() {
