@@ -353,7 +353,8 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 // that took fewer spares than it wanted (pacing): the time the zone's
 // rate takes to refill the spares it missed; never longer than the bucket
 // takes to fill up from what the decision left (no token is lost to a full
-// bucket while the nodes wait), nor half the hold. (A pause multiplied by
+// bucket while the nodes wait; a fixed window is full again when its window
+// ends), nor half the hold. (A pause multiplied by
 // the nodes of the fleet view halved the calls again, but admitted 0.54 to
 // 0.99 of what a saturated key could reach in fleetsim, against 0.93 to
 // 0.996 without; the calls stay within 0.2 per admission with prefetch 20.)
@@ -363,7 +364,11 @@ func (r *Rule) pauseAfter(q *Request, res *Result) time.Duration {
 	if missed <= 0 || need <= 0 {
 		return 0
 	}
-	return min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(need)/float64(r.rate)))
+	pause := min(r.prefetchHold/2, time.Duration(float64(r.per)*float64(need)/float64(r.rate)))
+	if r.alg == FixedWindow {
+		pause = min(pause, res.ResetAfter)
+	}
+	return pause
 }
 
 // keep records the spares a decision took, at now, but those of keys

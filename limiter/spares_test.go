@@ -179,3 +179,33 @@ func TestPrefetchOneCallInFlight(t *testing.T) {
 		t.Fatalf("prefetch stats %+v, want 14 hits of 1 decision taking 19", st)
 	}
 }
+
+// TestPrefetchPauseEndsWithTheWindow: a fixed window is full again when its
+// window ends, so a pause never outlasts it. A decision 20 ms before the
+// end of a 10 s window of 24 finds it nearly spent and takes fewer spares
+// than it wanted (a pause of over a second by the rate); 60 ms later the
+// window has rolled over, and the key's next request is decided by the
+// store and admitted, not denied by a pause the new window does not call
+// for.
+func TestPrefetchPauseEndsWithTheWindow(t *testing.T) {
+	clk := newTestClock(epoch + 10_000_000 - 20_000) // epoch is a window's start
+	ms := newMemory(t, clk)
+	l := New(ms, Options{})
+	t.Cleanup(l.Close)
+	fw := mustConfig(t, RuleConfig{Name: "fw", Algorithm: FixedWindow, Rate: 24, Per: 10 * time.Second,
+		Prefetch: 6, PrefetchHold: 4 * time.Second})
+	one := []Request{{Rule: fw, Key: "k", Cost: 1}}
+	res := make([]Result, 1)
+	// Another node's decisions spent 15 of the window.
+	if ok, err := ms.Decide(context.Background(), []Request{{Rule: fw, Key: "k", Cost: 15}}, res); err != nil || !ok {
+		t.Fatalf("15 of the window: %v %v", ok, err)
+	}
+	if out := l.Decide(context.Background(), one, res); out != Allowed || res[0].spares >= 5 {
+		t.Fatalf("a decision near the window's end: %v with %d spares, want allowed with fewer than 5", out, res[0].spares)
+	}
+	clk.add(60_000)
+	time.Sleep(60 * time.Millisecond) // the spares' hold ended with their window
+	if out := l.Decide(context.Background(), one, res); out != Allowed {
+		t.Fatalf("the first request of the next window: %v %+v, want allowed (the window holds nothing)", out, res[0])
+	}
+}
