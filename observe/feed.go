@@ -16,25 +16,10 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// The denial feed: each store's stats keep the last feedRing denials this
-// node made in its zones (dry-run zones' would-be denials included), and a
-// Redis store's also send a sample of them, the first feedSample of each
-// second, to the zones' streams in Redis, so that any node
-// can list what the whole fleet denied.
-//
-// Recording is on the request path: it copies the request's fields into a
-// slot of a fixed ring under a mutex, and hands a sampled denial to the
-// writer without waiting (one more is dropped when the writer's queue is
-// full). Nothing allocates but the copy of a client key too long for its
-// slot. The writer, one goroutine per Redis store, sends what is queued
-// once a second, and formats it there (digests, addresses).
-//
-// What a denial shows of its client: the key's digest and the client's
-// network (/24, /64), unless the handler has log_key, which shows the key,
-// the address and the request's path as they are. Without log_key none of
-// them is kept (a slot holds the key only to digest it when read), and the
-// denial names its zone and the zone's route (its matchers, from the
-// configuration) instead of the path.
+// The denial feed: each store's stats keep the last feedRing denials of
+// this node (denialFeed), and a Redis store's send a sample of them to the
+// zones' streams (feedWriter), so that any node can list the fleet's. Its
+// cost on the request path and what it shows of a client: docs/design.md.
 
 const (
 	// feedRing is how many denials each store's feed keeps on this node.

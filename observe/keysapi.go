@@ -15,29 +15,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// A client key, looked up and reset by an operator (support: "why is this
-// customer denied?"):
-//
-//	GET    /rate_limit/keys/<zone>/<key>   the key's state in the zone (and its quota)
-//	DELETE /rate_limit/keys/<zone>/<key>   resets it across the fleet (not the quota:
-//	                                       name <zone>.quota to reset that)
-//	GET, DELETE /rate_limit/keys?zone=Z&key=K   the same
-//	POST, DELETE /rate_limit/keys/<zone>   the same, the key as the request's body
-//	                                       (or keys?zone=Z: the dashboard's form)
-//
-// The key is the raw value a client sent (normalised as the zone
-// normalises keys, and tried under each of the zone's key alternatives), a
-// bucket key ("2,<value>", a hashed "#…"), or a key digest, resolved
-// against the keys this node has seen denied (its top denied keys and its
-// denial feed) and the zone's ban registry. In the path the key may be
-// escaped (%2F for a slash); in the body it is the key's bytes as they
-// are, up to maxKeyBody. No form bounds a key further: a key of any length
-// the zone takes is found, as the zone hashed it (a key longer than the
-// server's header limit lets a path carry goes in the body). A lookup
-// reads without charging anything (limiter.KeyKeeper.Peek); a reset makes
-// the key's buckets full again for the whole fleet
-// (limiter.KeyKeeper.ResetKey). Neither writes the key to a log or an
-// error: a key may be a client's secret.
+// A client key, looked up and reset by an operator across the fleet
+// (serveKeys; the endpoints are in docs/observability.md): the key as a
+// client sent it, a bucket key or a key digest. A lookup charges nothing
+// (limiter.KeyKeeper.Peek), a reset fills the key's buckets again
+// (limiter.KeyKeeper.ResetKey); neither logs the key, which may be a secret.
 
 // maxKeyBody bounds a key sent as a request's body: 1 MiB, Go's own
 // default header limit, far above the longest key a header carries with
