@@ -21,6 +21,7 @@ import (
 
 	fleetlimit "github.com/fleetlimit/caddy-fleetlimit"
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
+	"github.com/fleetlimit/caddy-fleetlimit/observe"
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
@@ -194,6 +195,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.limiter = limiter.New(a.store.Store, opt)
 	a.service = newService(rules, a.limiter, a.bounds(), a.logger)
+	if err := a.followRules(ctx, policy, obsBase); err != nil {
+		return err
+	}
+	a.logger.Info("rate limit service configured",
+		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
+	return nil
+}
+
+// followRules sets up how the service's rules follow their source once it
+// runs: the xDS subscription, or the watcher of ConfigDir.
+func (a *App) followRules(ctx caddy.Context, policy limiter.Policy, obsBase observe.Config) error {
 	if a.XDS != nil {
 		apply := func(cfg *config.Config) error {
 			rs, err := compileRules(cfg, policy, a.FleetSize, a.store.Store)
@@ -208,19 +220,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 			}
 			return nil
 		}
+		var err error
 		if a.xds, err = newSubscription(a.XDS, apply, a.lastXDS, a.logger); err != nil {
 			return fmt.Errorf("xds: %w", err)
 		}
-	} else {
-		every := time.Duration(a.ConfigRefreshInterval)
-		if every == 0 {
-			every = defaultRefreshInterval
-		}
-		a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
-			store: a.store.Store, service: a.service, logger: a.logger, ctx: ctx, obsBase: obsBase}
+		return nil
 	}
-	a.logger.Info("rate limit service configured",
-		zap.Strings("domains", cfg.Domains()), zap.Int("rules", len(cfg.Limits())))
+	every := time.Duration(a.ConfigRefreshInterval)
+	if every == 0 {
+		every = defaultRefreshInterval
+	}
+	a.watcher = &watcher{dir: a.ConfigDir, every: every, policy: policy, fleetSize: a.FleetSize,
+		store: a.store.Store, service: a.service, logger: a.logger, ctx: ctx, obsBase: obsBase}
 	return nil
 }
 

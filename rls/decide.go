@@ -24,7 +24,7 @@ type call struct {
 	entries []config.Entry
 	key     [256]byte
 	// ozones, oreqs and ores are the zones, requests and results that
-	// record passes on (observe.go).
+	// call.record passes on.
 	ozones []*observe.Zone
 	oreqs  []limiter.Request
 	ores   []limiter.Result

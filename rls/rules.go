@@ -49,7 +49,7 @@ type rules struct {
 	mu        sync.Mutex
 	overrides map[overrideKey]*rule
 
-	// obs shows the rules' decisions (observe.go); nil until
+	// obs shows the rules' decisions; nil until
 	// observeRules.
 	obs *observed
 }

@@ -227,7 +227,7 @@ func (c *checker) admission(z *Zone, q *request) (at time.Time, cost float64, ok
 	if z.Cost > 0 {
 		upfront = z.Cost
 	}
-	return up.at, c.settledCost(z, q, upfront), true // costheader.go
+	return up.at, c.settledCost(z, q, upfront), true
 }
 
 // checkInFlight checks the upstream's counts of requests in flight per
