@@ -16,6 +16,7 @@ package observe
 import (
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -108,7 +109,10 @@ type Handler struct {
 	observer *limiterObserver // nil unless the store is Redis and metrics are on
 	store    *storeStats      // nil with metrics disabled
 	storeKey string           // the storeRegistry reference held
-	held     []heldZone       // the zoneRegistry references held
+	cfg      Config           // as New had it, for AddZone
+
+	mu   sync.Mutex
+	held []heldZone // the zoneRegistry references held
 }
 
 // heldZone is a zoneRegistry reference a Handler holds, with the handler's
@@ -170,52 +174,81 @@ func (h *Handler) loadStats(ctx caddy.Context, cfg Config) error {
 		return err
 	}
 	h.store, h.storeKey = ss, cfg.StoreKey
+	h.cfg = cfg
 	observer := &limiterObserver{store: ss}
 	for _, z := range h.zones {
-		zs, err := loadZoneStats(z.name, ss)
-		if err != nil {
+		if err := h.holdZone(ctx, z); err != nil {
 			return err
 		}
-		info := &zoneInfo{
-			alg:      z.rule.Algorithm().String(),
-			maxDelay: z.rule.MaxDelay(),
-			shedPct:  shedPercent(z.rule),
-			rate:     z.rule.Rate(),
-			per:      z.rule.Per(),
-			burst:    z.rule.Burst(),
-			onError:  z.rule.OnError().String(),
-			logKey:   cfg.LogKey,
-			digest:   cfg.Digest,
-			memory:   cfg.Memory,
-			buckets:  []string{z.rule.Bucket()},
-			keys:     z.cfg.Keys,
-			rule:     z.rule,
-			tiers:    z.cfg.Rules,
-			lastRule: z.cfg.LastRule,
-			queue:    z.cfg.Queue,
-			prefetch: z.cfg.Prefetch,
-			maxWait:  z.cfg.MaxWaiting,
-			server:   ctx.Value(caddyhttp.ServerCtxKey),
-		}
-		if b := z.rule.LocalBucket(); b != "" {
-			info.buckets = append(info.buckets, b)
-		}
-		if pct, d := z.rule.SoftShed(); pct > 0 {
-			info.maxDelay = d
-		}
-		// The stats describe the zone as this handler configured it
-		// while it is the newest handler holding them; Cleanup takes
-		// the description back (see zoneStats).
-		zs.hold(info)
-		h.held = append(h.held, heldZone{stats: zs, info: info})
-		z.stats = zs
 		observer.rules = append(observer.rules, z.rule)
-		observer.zones = append(observer.zones, zs)
+		observer.zones = append(observer.zones, z.stats)
 	}
 	if ss.redis != nil {
 		h.observer = observer
 	}
 	return nil
+}
+
+// holdZone takes a reference to the statistics of zone z on the handler's
+// store, with the handler's description of it.
+func (h *Handler) holdZone(ctx caddy.Context, z *Zone) error {
+	cfg := h.cfg
+	zs, err := loadZoneStats(z.name, h.store)
+	if err != nil {
+		return err
+	}
+	info := &zoneInfo{
+		alg:      z.rule.Algorithm().String(),
+		maxDelay: z.rule.MaxDelay(),
+		shedPct:  shedPercent(z.rule),
+		rate:     z.rule.Rate(),
+		per:      z.rule.Per(),
+		burst:    z.rule.Burst(),
+		onError:  z.rule.OnError().String(),
+		logKey:   cfg.LogKey,
+		digest:   cfg.Digest,
+		memory:   cfg.Memory,
+		buckets:  []string{z.rule.Bucket()},
+		keys:     z.cfg.Keys,
+		rule:     z.rule,
+		tiers:    z.cfg.Rules,
+		lastRule: z.cfg.LastRule,
+		queue:    z.cfg.Queue,
+		prefetch: z.cfg.Prefetch,
+		maxWait:  z.cfg.MaxWaiting,
+		server:   ctx.Value(caddyhttp.ServerCtxKey),
+	}
+	if b := z.rule.LocalBucket(); b != "" {
+		info.buckets = append(info.buckets, b)
+	}
+	if pct, d := z.rule.SoftShed(); pct > 0 {
+		info.maxDelay = d
+	}
+	// The stats describe the zone as this handler configured it while it
+	// is the newest handler holding them; Cleanup takes the description
+	// back (see zoneStats).
+	zs.hold(info)
+	h.mu.Lock()
+	h.held = append(h.held, heldZone{stats: zs, info: info})
+	h.mu.Unlock()
+	z.stats = zs
+	return nil
+}
+
+// AddZone adds a zone after New: rule's decisions, named and described by
+// cfg (Name required). The Envoy rate limit service adds one per value of
+// a rule with detailed_metric, as calls bring them, up to a bound of its
+// own. Cleanup releases it with the others. With metrics disabled the
+// zone counts nothing.
+func (h *Handler) AddZone(rule *limiter.Rule, cfg ZoneConfig) (*Zone, error) {
+	z := &Zone{name: cfg.Name, rule: rule, cfg: cfg, limit: strconv.FormatInt(rule.Rate(), 10)}
+	if h.store == nil {
+		return z, nil
+	}
+	if err := h.holdZone(h.ctx, z); err != nil {
+		return nil, err
+	}
+	return z, nil
 }
 
 // Zone returns the share of the i-th zone of Config.Rules.
@@ -253,6 +286,8 @@ func (h *Handler) Observer() limiter.Observer {
 // the stats back to the configuration still running.
 func (h *Handler) Cleanup() error {
 	var err error
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for _, hz := range h.held {
 		hz.stats.release(hz.info)
 		if _, e := zoneRegistry.Delete(zoneKey{hz.stats.name, hz.stats.store.key}); e != nil {

@@ -28,6 +28,9 @@ type call struct {
 	ozones []*observe.Zone
 	oreqs  []limiter.Request
 	ores   []limiter.Result
+	// mkeys holds, per request, the metric key of a rule with
+	// detailed_metric or value_to_metric ("" for the others).
+	mkeys []string
 }
 
 // item is one descriptor's part of the call.
@@ -55,8 +58,9 @@ func (c *call) release() {
 	clear(c.entries)
 	clear(c.ozones)
 	clear(c.oreqs)
+	clear(c.mkeys)
 	*c = call{limits: c.limits[:0], items: c.items[:0], reqs: c.reqs[:0], results: c.results[:0],
-		gives: c.gives[:0], entries: c.entries[:0], ozones: c.ozones[:0], oreqs: c.oreqs[:0], ores: c.ores[:0]}
+		gives: c.gives[:0], entries: c.entries[:0], ozones: c.ozones[:0], oreqs: c.oreqs[:0], ores: c.ores[:0], mkeys: c.mkeys[:0]}
 	callPool.Put(c)
 }
 
@@ -91,6 +95,7 @@ func (c *call) plan(rs *rules, req *rlsv3.RateLimitRequest) error {
 			if r.lim != nil {
 				c.entries = entriesOf(c.entries[:0], req.Descriptors[i])
 				it.req = c.request(r, c.bucketKey(r, l), it.hits, req.Descriptors[i].GetIsNegativeHits())
+				c.metricKey(l, it.req)
 			}
 		}
 		c.items = append(c.items, it)

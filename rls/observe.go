@@ -1,10 +1,13 @@
 package rls
 
 import (
+	"sync"
+
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 	"github.com/fleetlimit/caddy-fleetlimit/observe"
+	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
 // What users see of the service: each rule of the configuration that
@@ -12,14 +15,69 @@ import (
 // ("rls/api.remote_address"), so that the metrics, the statistics and
 // dashboard, the denial feed and the key lookup of the admin API show it
 // as they show a rate_limit zone. The names come from the configuration
-// only: no value of a request is ever a metric label. A request's own
-// limit (an override) has no zone and is not counted there.
+// only, unless a rule asks for the values of calls in its statistics
+// (detailed_metric, value_to_metric): such a rule counts in a zone per
+// metric key (config.Limit.MetricKey), at most maxDetailedZones. A
+// request's own limit (an override) has no zone and is not counted there.
 
 // observed is the observe package's share of one load of the rules.
 type observed struct {
 	h *observe.Handler
 	// zones is the zone of each rule that counts, by its limiter rule.
 	zones map[*limiter.Rule]*observe.Zone
+
+	mu sync.Mutex
+	// detailed holds the zones of metric keys with values of calls (a
+	// rule with detailed_metric or value_to_metric), at most
+	// maxDetailedZones; closed is set once the zones are released.
+	detailed map[string]*observe.Zone
+	closed   bool
+}
+
+// maxDetailedZones bounds the zones that the values of calls make (see
+// config.Limit.MetricKey), for each load of the rules, as max_keys bounds
+// keys: beyond it, such a rule's decisions count in its own zone.
+const maxDetailedZones = 1000
+
+// metricKey notes the metric key of request j, whose descriptor's entries
+// (c.entries) matched l, when l keeps values of calls in it.
+func (c *call) metricKey(l *config.Limit, j int) {
+	if l.Override || !l.MetricHasValues() {
+		return
+	}
+	for len(c.mkeys) <= j {
+		c.mkeys = append(c.mkeys, "")
+	}
+	if c.mkeys[j] == "" {
+		c.mkeys[j] = l.MetricKey(c.entries)
+	}
+}
+
+// zoneOf returns the zone that counts request q, whose metric key is mkey
+// ("" for a rule without values in it): the metric key's own, while there
+// is room for it, else the rule's; nil for a rule without a zone.
+func (obs *observed) zoneOf(q *limiter.Request, mkey string) *observe.Zone {
+	z := obs.zones[q.Rule]
+	if z == nil || mkey == "" {
+		return z
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if dz := obs.detailed[mkey]; dz != nil {
+		return dz
+	}
+	if obs.closed || len(obs.detailed) >= maxDetailedZones {
+		return z
+	}
+	dz, err := obs.h.AddZone(q.Rule, observe.ZoneConfig{Name: "rls/" + mkey, Match: mkey, Keys: clientKeys})
+	if err != nil {
+		return z
+	}
+	if obs.detailed == nil {
+		obs.detailed = make(map[string]*observe.Zone)
+	}
+	obs.detailed[mkey] = dz
+	return dz
 }
 
 // observeRules gives the rules of rs their zones, on the store that base
@@ -65,6 +123,9 @@ func (rs *rules) releaseObserved() error {
 	if rs == nil || rs.obs == nil {
 		return nil
 	}
+	rs.obs.mu.Lock()
+	rs.obs.closed = true
+	rs.obs.mu.Unlock()
 	return rs.obs.h.Cleanup()
 }
 
@@ -76,7 +137,11 @@ func (c *call) record(obs *observed, out limiter.Outcome) {
 	}
 	c.ozones, c.oreqs, c.ores = c.ozones[:0], c.oreqs[:0], c.ores[:0]
 	for j := range c.reqs {
-		if z := obs.zones[c.reqs[j].Rule]; z != nil {
+		var mkey string
+		if j < len(c.mkeys) {
+			mkey = c.mkeys[j]
+		}
+		if z := obs.zoneOf(&c.reqs[j], mkey); z != nil {
 			c.ozones = append(c.ozones, z)
 			c.oreqs = append(c.oreqs, c.reqs[j])
 			c.ores = append(c.ores, c.results[j])

@@ -1,14 +1,18 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,12 +24,17 @@ import (
 // shows as a zone does: named "rls/" and the rule's key in the metrics,
 // the stats, the denial feed (the call's method and domain, the rule as
 // its route) and the admin API's key lookup, and no descriptor value is a
-// metric label.
+// metric label; but a rule with detailed_metric has a zone per value, at
+// most 1000, and counts the rest in its own.
 func TestRLSObserved(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	rlsRules(t, dir, 2)
+	detail := "domain: detail\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	if err := os.WriteFile(filepath.Join(dir, "detail.yaml"), []byte(detail), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	port := redistest.FreePort(t)
 	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), `respond "ok"`)
 	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -79,6 +88,40 @@ func TestRLSObserved(t *testing.T) {
 			d.Key != "" || strings.Contains(body, ip) {
 			t.Errorf("the call's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address and only a digest of the key\n%s", d, body)
 		}
+	}
+
+	// detailed_metric: a zone per value, 1000 at most (then the rule's).
+	detailed := func(user string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "detail", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}}},
+		}})
+		if err != nil {
+			t.Fatalf("detail call for %s: %v", user, err)
+		}
+		return resp.OverallCode.String()
+	}
+	if a, b := detailed("alice"), detailed("alice"); a != "OK" || b != "OVER_LIMIT" {
+		t.Fatalf("alice at 1 per hour: %s then %s, want OK then OVER_LIMIT", a, b)
+	}
+	for i := range 1001 {
+		detailed(fmt.Sprint("u", i))
+	}
+	m = n.scrape()
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_alice", "outcome", "allowed")
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_alice", "outcome", "denied")
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_u998", "outcome", "allowed")
+	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user", "outcome", "allowed")
+	perValue := m.By("zone", "caddy_rate_limit_decisions_total", "outcome", "allowed")
+	n1000 := 0
+	for z := range perValue {
+		if strings.HasPrefix(z, "rls/detail.user_") {
+			n1000++
+		}
+	}
+	if n1000 != 1000 {
+		t.Errorf("%d zones of detail.user's values, want the bound of 1000", n1000)
 	}
 
 	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
