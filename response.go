@@ -147,9 +147,9 @@ func (h *Handler) release(sc *scratch, status int, costs *costRecorder) {
 	h.settleLater(sc.outcome, settle, settleRes, real)
 }
 
-// giveBack gives back every charge of an admitted request that is not
+// refundAll refunds every charge of an admitted request that is not
 // passed on after all (a leaky bucket's wait room was full).
-func (h *Handler) giveBack(outcome limiter.Outcome, ds []zoneDecision) {
+func (h *Handler) refundAll(outcome limiter.Outcome, ds []zoneDecision) {
 	var reqs []limiter.Request
 	var results []limiter.Result
 	for i := range ds {

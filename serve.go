@@ -200,7 +200,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, sc *scratch, out
 	var place *roomPlace // the request's place in a waiting room
 	if d := delayOf(ds); d != nil {
 		if place = d.zone.room.enter(d.req.Key); place == nil {
-			h.giveBack(outcome, ds)
+			h.refundAll(outcome, ds)
 			den := denier{zone: d.zone, retry: h.jitter(d.res.Delay), err: d.zone.errWaiting}
 			return false, h.deny(w, den, shown(ds), policyOf(ds))
 		}

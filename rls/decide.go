@@ -186,7 +186,7 @@ func (c *call) decide(ctx context.Context, l *limiter.Limiter, obs *observed) *r
 			c.record(obs, limiter.Denied)
 			return c.answerQuotaOver()
 		}
-		c.giveBack(ctx, l, out)
+		c.refundNegativeHits(ctx, l, out)
 	}
 	c.record(obs, out)
 	return c.answer(out)

@@ -65,9 +65,9 @@ func (c *call) refundCharged(ctx context.Context, l *limiter.Limiter, out limite
 	refund(ctx, l, out, reqs, results)
 }
 
-// giveBack gives back, in the background, the hits of the descriptors
+// refundNegativeHits refunds, in the background, the hits of the descriptors
 // with is_negative_hits, once the call is admitted.
-func (c *call) giveBack(ctx context.Context, l *limiter.Limiter, out limiter.Outcome) {
+func (c *call) refundNegativeHits(ctx context.Context, l *limiter.Limiter, out limiter.Outcome) {
 	if len(c.gives) == 0 {
 		return
 	}
