@@ -164,8 +164,12 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 	var clients []int
 	var reloadErrs []error
 	rounds := 0
-	rep := localfleet.Run(context.Background(), localfleet.Load{
-		Nodes: nodes, Targets: targets, Connections: 30, Duration: 8 * time.Second,
+	// The load runs until a second after the tenth round (a busy machine
+	// reloads slower than one round per 400 ms), 60 s at the most.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rep := localfleet.Run(ctx, localfleet.Load{
+		Nodes: nodes, Targets: targets, Connections: 30, Duration: time.Minute,
 		During: func(elapsed time.Duration) {
 			// From 0.5 s on, a round every 400 ms: every node reloads at
 			// once, alternating the configurations; the last round (the
@@ -193,6 +197,9 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 			wg.Wait()
 			rounds++
 			clients = append(clients, redisClients(t, r))
+			if rounds == 10 {
+				time.AfterFunc(time.Second, cancel)
+			}
 		},
 	})
 	for _, err := range reloadErrs {
