@@ -78,4 +78,6 @@ done
 if $pkgs; then
 	exec go test -race -count=1 "$@"
 fi
-exec go test -race -count=1 ./... "$@"
+# ./tests first: it runs longest (real Caddy, Redis and Chromium processes),
+# and go test starts packages in the order given, two at a time.
+exec go test -race -count=1 ./tests ./... "$@"

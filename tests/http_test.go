@@ -80,7 +80,7 @@ func TestRefillAndRetryAfter(t *testing.T) {
 	rate_limit {
 		%s
 		zone fast {
-			rate 4 1s
+			rate 1 1s
 			burst 2
 		}
 	}
@@ -93,16 +93,17 @@ func TestRefillAndRetryAfter(t *testing.T) {
 		if r.Status != 429 {
 			t.Fatalf("still empty: status %d", r.Status)
 		}
-		// A token takes 250 ms; Retry-After rounds up to whole seconds.
+		// A token takes 1 s (slow enough that a busy machine's requests
+		// do not refill one between them); Retry-After rounds up.
 		check(t, r, "Retry-After", "1")
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(1100 * time.Millisecond)
 		if r := n.get("/"); r.Status != 200 {
-			t.Fatalf("after 300ms one token is back: status %d", r.Status)
+			t.Fatalf("after 1.1s one token is back: status %d", r.Status)
 		}
 		if r := n.get("/"); r.Status != 429 {
 			t.Fatalf("and only one: status %d", r.Status)
 		}
-		time.Sleep(550 * time.Millisecond) // full again (2 tokens)
+		time.Sleep(2100 * time.Millisecond) // full again (2 tokens)
 		got = n.statuses(3, "/")
 		if got[200] != 2 || got[429] != 1 {
 			t.Fatalf("after a full refill: got %v, want two 200 and one 429", got)
