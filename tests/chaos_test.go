@@ -26,7 +26,7 @@ var (
 var chaosSeeds = []uint64{8, 9, 25, 89}
 
 // chaosLoad is how long each default scenario's clients send.
-const chaosLoad = 6 * time.Second
+const chaosLoad = 4 * time.Second
 
 // TestChaos runs the invariant checker (internal/chaos) on a few seeded
 // scenarios over real Caddy and redis-server processes, and fails with the

@@ -196,16 +196,16 @@ func TestKeyFloodMemoryStore(t *testing.T) {
 	}
 }
 
-// TestKeyFloodRedisStore floods a node on a Redis of maxmemory 10mb under
-// volatile-ttl with 150,000 new keys (about 20 MB of buckets): no decision
+// TestKeyFloodRedisStore floods a node on a Redis of maxmemory 8mb under
+// volatile-ttl with 100,000 new keys (about 13 MB of buckets): no decision
 // fails for want of memory (no oom, no breaker opening; a rare timeout of a
 // machine busy with the flood is tolerated, at most 0.1%), the hot key stays
 // exact (Redis evicts the buckets closest to full), and the node's own
 // memory stays bounded (its deny cache is).
 func TestKeyFloodRedisStore(t *testing.T) {
 	// Not parallel: it measures memory and uses both CPUs.
-	r := redistest.Start(t, "--maxmemory", "10mb", "--maxmemory-policy", "volatile-ttl")
-	c := floodCase{redis: fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr), keys: floodKeys(150_000)}
+	r := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl")
+	c := floodCase{redis: fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t}", r.Addr), keys: floodKeys(100_000)}
 	n := runKeyFlood(t, c, 60)
 	m, err := n.Metrics()
 	if err != nil {
