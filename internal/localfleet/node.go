@@ -5,6 +5,7 @@ package localfleet
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -92,23 +93,36 @@ func (s *SyncBuffer) String() string {
 // environment variables ("NAME=value") to the process.
 func StartNode(t redistest.T, bin, globals, site string, env ...string) *Node {
 	t.Helper()
-	n := &Node{t: t, bin: bin, Port: redistest.FreePort(t), Log: &SyncBuffer{}, env: env}
-	n.Admin = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
-	n.URL = fmt.Sprintf("http://127.0.0.1:%d", n.Port)
+	n := &Node{t: t, bin: bin, env: env}
 	n.cfgPath = filepath.Join(t.TempDir(), "Caddyfile")
-	n.writeConfig(globals, site)
-	cmd := exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
-	cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
-	p, err := startProc("caddy", cmd, n.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.proc = p
 	t.Cleanup(n.Stop)
-	n.proc.waitReady(t, n.ready, func() string {
-		return fmt.Sprintf("caddy did not become ready within %s", readyTimeout)
-	})
-	return n
+	// A free port is free when it is picked; another process of the
+	// suite (another package's Redis, a Cluster's bus port) may take it
+	// before Caddy binds it: then the node starts again on new ports.
+	for attempt := 1; ; attempt++ {
+		n.Port, n.Log = redistest.FreePort(t), &SyncBuffer{}
+		n.Admin = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+		n.URL = fmt.Sprintf("http://127.0.0.1:%d", n.Port)
+		n.writeConfig(globals, site)
+		cmd := exec.Command(bin, "run", "--config", n.cfgPath, "--adapter", "caddyfile")
+		cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir()), env...)
+		p, err := startProc("caddy", cmd, n.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.proc = p
+		err = n.proc.awaitReady(n.ready, func() string {
+			return fmt.Sprintf("caddy did not become ready within %s", readyTimeout)
+		})
+		switch {
+		case err == nil:
+			return n
+		case attempt < 3 && errors.Is(err, errExitedAtStart) && strings.Contains(n.Log.String(), "address already in use"):
+			n.proc.stop()
+		default:
+			t.Fatal(err)
+		}
+	}
 }
 
 // StartFile runs the Caddy binary bin on the caller's configuration file

@@ -1,6 +1,7 @@
 package localfleet
 
 import (
+	"errors"
 	"fmt"
 	"os/exec"
 	"time"
@@ -43,6 +44,17 @@ const readyTimeout = 20 * time.Second
 // the process did not do.
 func (p *proc) waitReady(t redistest.T, ready func() bool, late func() string) {
 	t.Helper()
+	if err := p.awaitReady(ready, late); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// errExitedAtStart is awaitReady's error when the process ended before
+// it was ready.
+var errExitedAtStart = errors.New("exited at start")
+
+// awaitReady is waitReady's wait, returning what went wrong.
+func (p *proc) awaitReady(ready func() bool, late func() string) error {
 	deadline := time.NewTimer(readyTimeout)
 	defer deadline.Stop()
 	poll := time.NewTicker(50 * time.Millisecond)
@@ -50,12 +62,13 @@ func (p *proc) waitReady(t redistest.T, ready func() bool, late func() string) {
 	for !ready() {
 		select {
 		case <-p.exited:
-			t.Fatalf("%s exited at start (%v); its output:\n%s", p.name, p.cmd.ProcessState, p.log.String())
+			return fmt.Errorf("%s %w (%v); its output:\n%s", p.name, errExitedAtStart, p.cmd.ProcessState, p.log.String())
 		case <-deadline.C:
-			t.Fatalf("%s; its output:\n%s", late(), p.log.String())
+			return fmt.Errorf("%s; its output:\n%s", late(), p.log.String())
 		case <-poll.C:
 		}
 	}
+	return nil
 }
 
 // stop kills the process and waits for it. Calling it twice is harmless.
