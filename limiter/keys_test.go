@@ -29,8 +29,7 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 	keys := []string{"198.51.100.7", "user@example.com"}
 	rng := rand.New(rand.NewPCG(7, 7))
 	ctx := context.Background()
-	seen := map[string]bool{}
-	wall := time.Now()
+	p := &peekCheck{srv: srv, rs: rs, ms: ms, clk: clk, rules: rules, seen: map[string]bool{}, wall: time.Now()}
 	for step := range 600 {
 		r, key := rules[rng.IntN(len(rules))], keys[rng.IntN(len(keys))]
 		cost := int64(1 + rng.IntN(2))
@@ -48,58 +47,84 @@ func TestPeekRedisMatchesMemory(t *testing.T) {
 		// by real time, and a key it dropped must be full by the test
 		// clock too (a key the test clock calls full reads full from
 		// Redis whether it expired there or not).
-		clk.add(int64(rng.IntN(200_000)) + time.Since(wall).Microseconds())
-		wall = time.Now()
+		clk.add(int64(rng.IntN(200_000)) + time.Since(p.wall).Microseconds())
+		p.wall = time.Now()
 		if step%20 != 19 {
 			continue
 		}
 		clk.add(100_000)
 		for _, key := range keys {
-			before := dumpKeys(t, srv, "peek:*")
-			// The real time the dumps took, on the test clock too: a busy
-			// machine spends hundreds of ms on them.
-			clk.add(time.Since(wall).Microseconds())
-			wall = time.Now()
-			fromRedis, err := rs.Peek(ctx, rules, key)
-			if err != nil {
-				t.Fatalf("redis peek: %v", err)
-			}
-			fromMemory, _ := ms.Peek(ctx, rules, key)
-			for i := range rules {
-				a, b := fromRedis[i], fromMemory[i]
-				a.At, b.At = time.Time{}, time.Time{}
-				if a != b {
-					t.Fatalf("step %d, zone %s, key %s: redis peeks %+v, memory %+v", step, rules[i].name, key, a, b)
-				}
-				if a.BanLeft > 0 {
-					seen["ban"] = true
-				}
-				if a.Remaining < rules[i].burst {
-					seen[rules[i].alg.String()] = true
-				}
-			}
-			after := dumpKeys(t, srv, "peek:*")
-			for k, v := range after {
-				if b, ok := before[k]; !ok || b.dump != v.dump {
-					t.Fatalf("step %d: peeking changed %s: before %q, after %q (ttl %d, %d); GET %q", step, k, b.dump, v.dump, b.pttl, v.pttl, srv.MustDo("GET", k))
-				}
-			}
-			for k, b := range before {
-				// A key may expire meanwhile: TTLs run in real time.
-				if _, ok := after[k]; !ok && (b.pttl < 0 || b.pttl > 2000) {
-					t.Fatalf("step %d: peeking deleted %s (its TTL was %d ms)", step, k, b.pttl)
-				}
-			}
-			k, args := rs.peekArgs(rules, key)
-			cmd := append([]any{"eval_ro", lua.Peek, len(k)}, toAny(k)...)
-			if err := rs.client.Do(ctx, append(cmd, args...)...).Err(); err != nil {
-				t.Fatalf("the peek script under EVAL_RO, which refuses writes: %v", err)
-			}
+			p.check(t, step, key)
 		}
 	}
 	for _, what := range []string{"ban", "token_bucket", "sliding_log", "concurrency", "fixed_window", "quota"} {
-		if !seen[what] {
+		if !p.seen[what] {
 			t.Errorf("the trace never peeked a %s that was not full", what)
+		}
+	}
+}
+
+// peekCheck compares the Redis and the memory store's peeks of rules on
+// one test clock, and notes in seen what it saw that was not full.
+type peekCheck struct {
+	srv   *redistest.Server
+	rs    *RedisStore
+	ms    *MemoryStore
+	clk   *testClock
+	rules []*Rule
+	seen  map[string]bool
+	wall  time.Time // when the test clock last caught up with real time
+}
+
+// check peeks key on both stores: they read the same, Redis' keys are as
+// they were, and the peek script runs under EVAL_RO.
+func (p *peekCheck) check(t *testing.T, step int, key string) {
+	t.Helper()
+	ctx := context.Background()
+	before := dumpKeys(t, p.srv, "peek:*")
+	// The real time the dumps took, on the test clock too: a busy
+	// machine spends hundreds of ms on them.
+	p.clk.add(time.Since(p.wall).Microseconds())
+	p.wall = time.Now()
+	fromRedis, err := p.rs.Peek(ctx, p.rules, key)
+	if err != nil {
+		t.Fatalf("redis peek: %v", err)
+	}
+	fromMemory, _ := p.ms.Peek(ctx, p.rules, key)
+	for i := range p.rules {
+		a, b := fromRedis[i], fromMemory[i]
+		a.At, b.At = time.Time{}, time.Time{}
+		if a != b {
+			t.Fatalf("step %d, zone %s, key %s: redis peeks %+v, memory %+v", step, p.rules[i].name, key, a, b)
+		}
+		if a.BanLeft > 0 {
+			p.seen["ban"] = true
+		}
+		if a.Remaining < p.rules[i].burst {
+			p.seen[p.rules[i].alg.String()] = true
+		}
+	}
+	checkPeekWroteNothing(t, p.srv, step, before, dumpKeys(t, p.srv, "peek:*"))
+	k, args := p.rs.peekArgs(p.rules, key)
+	cmd := append([]any{"eval_ro", lua.Peek, len(k)}, toAny(k)...)
+	if err := p.rs.client.Do(ctx, append(cmd, args...)...).Err(); err != nil {
+		t.Fatalf("the peek script under EVAL_RO, which refuses writes: %v", err)
+	}
+}
+
+// checkPeekWroteNothing: every key after a peek holds what it held
+// before, and none is gone but by its TTL.
+func checkPeekWroteNothing(t *testing.T, srv *redistest.Server, step int, before, after map[string]dumped) {
+	t.Helper()
+	for k, v := range after {
+		if b, ok := before[k]; !ok || b.dump != v.dump {
+			t.Fatalf("step %d: peeking changed %s: before %q, after %q (ttl %d, %d); GET %q", step, k, b.dump, v.dump, b.pttl, v.pttl, srv.MustDo("GET", k))
+		}
+	}
+	for k, b := range before {
+		// A key may expire meanwhile: TTLs run in real time.
+		if _, ok := after[k]; !ok && (b.pttl < 0 || b.pttl > 2000) {
+			t.Fatalf("step %d: peeking deleted %s (its TTL was %d ms)", step, k, b.pttl)
 		}
 	}
 }

@@ -355,87 +355,105 @@ func banRule(t testing.TB, name string, dryRun bool) *Rule {
 // ban it would start and keeps none.
 func TestBans(t *testing.T) {
 	t.Parallel()
-	const s1, minute = 1_000_000, 60_000_000
 	eachStore(t, epoch, func(t *testing.T, s *policyStore) {
 		r := banRule(t, "ban", false)
 		t0 := s.clk.now()
-		q := Request{Rule: r, Key: "k", Cost: 1}
-		for i := range 5 {
-			if ok, res := decide(t, s, q); !ok {
-				t.Fatalf("request %d of a full bucket denied: %+v", i, public(res[0]))
-			}
+		checkBanStartsAndEnds(t, s, r, t0)
+		checkBanWindow(t, s, r, t0)
+		checkDryRunBan(t, s, t0)
+	})
+}
+
+// Steps of TestBans' clock: a second and a minute, in microseconds.
+const banTestSecond, banTestMinute = 1_000_000, 60_000_000
+
+// checkBanStartsAndEnds: the fifth denial, a second apart, starts the
+// ban; requests during it are Banned with the rest of the ban and charge
+// nothing; it ends exactly on time.
+func checkBanStartsAndEnds(t *testing.T, s *policyStore, r *Rule, t0 int64) {
+	const s1, minute = banTestSecond, banTestMinute
+	q := Request{Rule: r, Key: "k", Cost: 1}
+	for i := range 5 {
+		if ok, res := decide(t, s, q); !ok {
+			t.Fatalf("request %d of a full bucket denied: %+v", i, public(res[0]))
 		}
+	}
+	for i := int64(1); i <= 4; i++ {
+		s.clk.set(t0 + i*s1)
+		_, res := decide(t, s, q)
+		want := Result{RetryAfter: 12*time.Minute - time.Duration(i)*time.Second, ResetAfter: time.Hour - time.Duration(i)*time.Second}
+		if public(res[0]) != want {
+			t.Fatalf("denial %d: %+v, want %+v", i, public(res[0]), want)
+		}
+	}
+	s.clk.set(t0 + 5*s1)
+	if _, res := decide(t, s, q); public(res[0]) != (Result{Banned: true, BanStarted: true, RetryAfter: 30 * time.Minute, ResetAfter: 30 * time.Minute}) {
+		t.Fatalf("the fifth denial: %+v, want the ban started, Retry-After 30m", public(res[0]))
+	}
+	banEnd := t0 + 5*s1 + 30*minute
+	for _, at := range []int64{t0 + 6*s1, t0 + 25*minute, t0 + 25*minute, t0 + 25*minute, banEnd - 1} {
+		s.clk.set(at)
+		ok, res := decide(t, s, q)
+		if want := (Result{Banned: true, RetryAfter: us(banEnd - at), ResetAfter: us(banEnd - at)}); ok || public(res[0]) != want {
+			t.Fatalf("at +%dus: %v %+v, want %+v", at-t0, ok, public(res[0]), want)
+		}
+	}
+	// 30m5s after the bucket emptied, it holds 2 tokens: the
+	// requests during the ban charged nothing.
+	s.clk.set(banEnd)
+	for i := range 2 {
+		if ok, res := decide(t, s, q); !ok || res[0].Banned {
+			t.Fatalf("request %d at the ban's end: %+v, want admitted", i, public(res[0]))
+		}
+	}
+	if ok, res := decide(t, s, q); ok || res[0].Banned {
+		t.Fatalf("a denial after the ban: %+v, want denied, not banned (the count starts again)", public(res[0]))
+	}
+}
+
+// checkBanWindow: four denials, then a fifth when the first one's window
+// has ended: no ban; a fifth just inside it: a ban.
+func checkBanWindow(t *testing.T, s *policyStore, r *Rule, t0 int64) {
+	const s1, minute = banTestSecond, banTestMinute
+	for _, c := range []struct {
+		key   string
+		fifth int64
+		ban   bool
+	}{{"late", t0 + 1*s1 + minute, false}, {"inside", t0 + 1*s1 + minute - 1, true}} {
+		s.clk.set(t0)
+		q := Request{Rule: r, Key: c.key, Cost: 5}
+		decide(t, s, q)
 		for i := int64(1); i <= 4; i++ {
 			s.clk.set(t0 + i*s1)
-			_, res := decide(t, s, q)
-			want := Result{RetryAfter: 12*time.Minute - time.Duration(i)*time.Second, ResetAfter: time.Hour - time.Duration(i)*time.Second}
-			if public(res[0]) != want {
-				t.Fatalf("denial %d: %+v, want %+v", i, public(res[0]), want)
-			}
-		}
-		s.clk.set(t0 + 5*s1)
-		if _, res := decide(t, s, q); public(res[0]) != (Result{Banned: true, BanStarted: true, RetryAfter: 30 * time.Minute, ResetAfter: 30 * time.Minute}) {
-			t.Fatalf("the fifth denial: %+v, want the ban started, Retry-After 30m", public(res[0]))
-		}
-		banEnd := t0 + 5*s1 + 30*minute
-		for _, at := range []int64{t0 + 6*s1, t0 + 25*minute, t0 + 25*minute, t0 + 25*minute, banEnd - 1} {
-			s.clk.set(at)
-			ok, res := decide(t, s, q)
-			if want := (Result{Banned: true, RetryAfter: us(banEnd - at), ResetAfter: us(banEnd - at)}); ok || public(res[0]) != want {
-				t.Fatalf("at +%dus: %v %+v, want %+v", at-t0, ok, public(res[0]), want)
-			}
-		}
-		// 30m5s after the bucket emptied, it holds 2 tokens: the
-		// requests during the ban charged nothing.
-		s.clk.set(banEnd)
-		for i := range 2 {
-			if ok, res := decide(t, s, q); !ok || res[0].Banned {
-				t.Fatalf("request %d at the ban's end: %+v, want admitted", i, public(res[0]))
-			}
-		}
-		if ok, res := decide(t, s, q); ok || res[0].Banned {
-			t.Fatalf("a denial after the ban: %+v, want denied, not banned (the count starts again)", public(res[0]))
-		}
-
-		// The window: four denials, then a fifth when the first one's
-		// window has ended: no ban; a fifth just inside it: a ban.
-		for _, c := range []struct {
-			key   string
-			fifth int64
-			ban   bool
-		}{{"late", t0 + 1*s1 + minute, false}, {"inside", t0 + 1*s1 + minute - 1, true}} {
-			s.clk.set(t0)
-			q := Request{Rule: r, Key: c.key, Cost: 5}
 			decide(t, s, q)
-			for i := int64(1); i <= 4; i++ {
-				s.clk.set(t0 + i*s1)
-				decide(t, s, q)
-			}
-			s.clk.set(c.fifth)
-			if _, res := decide(t, s, q); res[0].BanStarted != c.ban || res[0].Banned != c.ban {
-				t.Fatalf("%s: the fifth denial at +%dus: %+v, want ban %v", c.key, c.fifth-t0, public(res[0]), c.ban)
-			}
 		}
+		s.clk.set(c.fifth)
+		if _, res := decide(t, s, q); res[0].BanStarted != c.ban || res[0].Banned != c.ban {
+			t.Fatalf("%s: the fifth denial at +%dus: %+v, want ban %v", c.key, c.fifth-t0, public(res[0]), c.ban)
+		}
+	}
+}
 
-		// A dry run reports the ban it would start, and keeps none.
-		dry := banRule(t, "dryban", true)
-		s.clk.set(t0)
-		qd := Request{Rule: dry, Key: "k", Cost: 1}
-		for i := range 9 {
-			if ok, res := decide(t, s, qd); !ok || res[0].Banned || res[0].BanStarted || res[0].DryRun != (i >= 5) {
-				t.Fatalf("dry run, request %d: %v %+v", i, ok, public(res[0]))
-			}
+// checkDryRunBan: a dry run reports the ban it would start, and keeps
+// none.
+func checkDryRunBan(t *testing.T, s *policyStore, t0 int64) {
+	dry := banRule(t, "dryban", true)
+	s.clk.set(t0)
+	qd := Request{Rule: dry, Key: "k", Cost: 1}
+	for i := range 9 {
+		if ok, res := decide(t, s, qd); !ok || res[0].Banned || res[0].BanStarted || res[0].DryRun != (i >= 5) {
+			t.Fatalf("dry run, request %d: %v %+v", i, ok, public(res[0]))
 		}
-		ok, res := decide(t, s, qd)
-		if !ok || !res[0].Allowed || !res[0].DryRun || !res[0].BanStarted || res[0].Banned || res[0].RetryAfter != 12*time.Minute {
-			t.Fatalf("dry run, the fifth denial: %v %+v, want Allowed, DryRun, BanStarted, Retry-After 12m", ok, public(res[0]))
-		}
-		s.clk.add(s1)
-		ok, res = decide(t, s, qd)
-		if !ok || !res[0].DryRun || res[0].Banned || res[0].BanStarted || res[0].RetryAfter != 12*time.Minute-time.Second {
-			t.Fatalf("dry run after its ban started: %v %+v, want a dry-run denial, not banned", ok, public(res[0]))
-		}
-	})
+	}
+	ok, res := decide(t, s, qd)
+	if !ok || !res[0].Allowed || !res[0].DryRun || !res[0].BanStarted || res[0].Banned || res[0].RetryAfter != 12*time.Minute {
+		t.Fatalf("dry run, the fifth denial: %v %+v, want Allowed, DryRun, BanStarted, Retry-After 12m", ok, public(res[0]))
+	}
+	s.clk.add(banTestSecond)
+	ok, res = decide(t, s, qd)
+	if !ok || !res[0].DryRun || res[0].Banned || res[0].BanStarted || res[0].RetryAfter != 12*time.Minute-time.Second {
+		t.Fatalf("dry run after its ban started: %v %+v, want a dry-run denial, not banned", ok, public(res[0]))
+	}
 }
 
 // TestBanDenyCache: a ban zone's denials reach the store (each counts

@@ -79,7 +79,35 @@ func TestWireArgs(t *testing.T) {
 	if args[0] != "evalsha" || args[1] != s.script.Hash() {
 		t.Fatalf("command %v %v", args[0], args[1])
 	}
-	const want = `7
+	if got := wireText(args[2:]); got != wireArgsGolden {
+		t.Errorf("arguments (numkeys, KEYS, ARGV), one a line:\n%s\nwant:\n%s", got, wireArgsGolden)
+	}
+}
+
+// TestWireRedis: the scripts answer the golden batch with the exact reply
+// (the decide script, on a real Redis at a fixed time), which decodes into
+// the exact results.
+func TestWireRedis(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := newRedisStore(t, RedisOptions{Address: r.Addr, KeyPrefix: "w:"})
+	args, calls := wireArgs(t, s)
+	reply, err := s.client.Do(context.Background(), args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wireText(reply); got != wireReplyGolden {
+		t.Errorf("reply, one value a line:\n%s\nwant:\n%s", got, wireReplyGolden)
+	}
+	got := decodeWire(t, reply, wireBatch(t), calls)
+	if got != wireResults {
+		t.Errorf("results:\n%s\nwant:\n%s", got, wireResults)
+	}
+}
+
+// wireArgsGolden is the golden batch's numkeys, KEYS and ARGV, one a
+// line.
+const wireArgsGolden = `7
 w:api:{alice}
 w:login:{alice}
 w:api:{bob}
@@ -184,24 +212,10 @@ s1
 0
 7
 `
-	if got := wireText(args[2:]); got != want {
-		t.Errorf("arguments (numkeys, KEYS, ARGV), one a line:\n%s\nwant:\n%s", got, want)
-	}
-}
 
-// TestWireRedis: the scripts answer the golden batch with the exact reply
-// (the decide script, on a real Redis at a fixed time), which decodes into
-// the exact results.
-func TestWireRedis(t *testing.T) {
-	t.Parallel()
-	r := redistest.Start(t)
-	s := newRedisStore(t, RedisOptions{Address: r.Addr, KeyPrefix: "w:"})
-	args, calls := wireArgs(t, s)
-	reply, err := s.client.Do(context.Background(), args...).Slice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	const want = `1700000000000000
+// wireReplyGolden is the decide script's reply to the golden batch, one
+// value a line.
+const wireReplyGolden = `1700000000000000
 1
 0
 400000
@@ -267,14 +281,6 @@ func TestWireRedis(t *testing.T) {
 0
 300000
 `
-	if got := wireText(reply); got != want {
-		t.Errorf("reply, one value a line:\n%s\nwant:\n%s", got, want)
-	}
-	got := decodeWire(t, reply, wireBatch(t), calls)
-	if got != wireResults {
-		t.Errorf("results:\n%s\nwant:\n%s", got, wireResults)
-	}
-}
 
 // wireResults is what the golden batch's reply decodes into, one request
 // a line.

@@ -534,11 +534,7 @@ func TestArithmeticMatchesIdealBucket(t *testing.T) {
 // per), computed in math/big, never more at any prefix of the trace.
 func TestExactOverAMillionDecisions(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		rate  int64
-		per   time.Duration
-		burst int64
-	}{
+	cases := []exactCase{
 		{3, time.Second, 3},
 		{7, time.Second, 1},
 		{100, time.Minute, 5},
@@ -551,67 +547,91 @@ func TestExactOverAMillionDecisions(t *testing.T) {
 			if burst == 0 {
 				burst = tc.rate // the documented default
 			}
-			r := mustRule(t, "z", tc.rate, tc.per, tc.burst)
-			perUS := int64(tc.per / time.Microsecond)
-			// Steps of at most half a token's refill time: with a burst
-			// of 2 or more, a drained bucket never fills up between two
-			// decisions, so no refill is ever lost.
-			maxStep := perUS / tc.rate / 2
-
 			clk := newTestClock(epoch + int64(i)*1_234_567)
-			s := newMemory(t, clk)
 			ideal := newIdealBucket(tc.rate, tc.per, burst, clk.now())
-			rng := rand.New(rand.NewPCG(uint64(i), 11))
 			first := clk.now()
-			reqs := []Request{{Rule: r, Key: "client", Cost: 1}}
-			results := make([]Result, 1)
-			var admitted int64
-			for n := range 1_000_000 {
-				now := clk.now()
-				ok, err := s.Decide(context.Background(), reqs, results)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := ideal.decide(now, 1); public(results[0]) != want || ok != want.Allowed {
-					t.Fatalf("decision %d at +%dus: got %v %+v, the ideal bucket says %+v", n, now-first, ok, results[0], want)
-				}
-				if ok {
-					admitted++
-					// admitted <= burst + rate*elapsed/per, in integers.
-					if admitted*perUS > burst*perUS+tc.rate*(now-first) {
-						t.Fatalf("decision %d at +%dus: %d admitted, more than %d + %d x %dus / %dus",
-							n, now-first, admitted, burst, tc.rate, now-first, perUS)
-					}
-					continue
-				}
-				clk.add(1 + rng.Int64N(maxStep))
-			}
-			last := ideal.last
-			// floor(burst + rate*(last-first)/per) in exact rationals.
-			bound := new(big.Rat).SetFrac(
-				new(big.Int).Mul(big.NewInt(tc.rate), big.NewInt(last-first)),
-				big.NewInt(perUS))
-			bound.Add(bound, new(big.Rat).SetInt64(burst))
-			want := new(big.Int).Quo(bound.Num(), bound.Denom()) // positive: truncation is floor
-			t.Logf("%d admitted over %.1f simulated hours; bound %s", admitted, float64(last-first)/3.6e9, want)
-			if burst >= 2 {
-				if ideal.capped {
-					t.Fatal("the trace let the bucket fill up: demand did not exceed supply")
-				}
-				if want.Cmp(big.NewInt(admitted)) != 0 {
-					t.Fatalf("admitted %d, want exactly %s", admitted, want)
-				}
-				return
-			}
-			// With a burst of 1 every admission finds a full bucket, and
-			// whole-microsecond request times lose the fraction of a
-			// microsecond by which a token's refill time (1/7 s here) is
-			// not whole: no trace can reach the bound, so the count is
-			// the ideal bucket's (checked decision by decision above),
-			// and never above the bound.
-			if want.Cmp(big.NewInt(admitted)) < 0 {
-				t.Fatalf("admitted %d, more than %s", admitted, want)
-			}
+			admitted := tc.decideAMillion(t, i, burst, clk, ideal)
+			tc.checkAdmittedExactly(t, burst, admitted, ideal, first)
 		})
+	}
+}
+
+// exactCase is a token bucket of TestExactOverAMillionDecisions.
+type exactCase struct {
+	rate  int64
+	per   time.Duration
+	burst int64
+}
+
+// decideAMillion decides a million requests of one client on the memory
+// store, each as the ideal bucket does, and never admitting more than
+// burst + rate x elapsed / per at any prefix; it returns how many it
+// admitted.
+func (tc exactCase) decideAMillion(t *testing.T, i int, burst int64, clk *testClock, ideal *idealBucket) int64 {
+	r := mustRule(t, "z", tc.rate, tc.per, tc.burst)
+	perUS := int64(tc.per / time.Microsecond)
+	// Steps of at most half a token's refill time: with a burst
+	// of 2 or more, a drained bucket never fills up between two
+	// decisions, so no refill is ever lost.
+	maxStep := perUS / tc.rate / 2
+	s := newMemory(t, clk)
+	rng := rand.New(rand.NewPCG(uint64(i), 11))
+	first := clk.now()
+	reqs := []Request{{Rule: r, Key: "client", Cost: 1}}
+	results := make([]Result, 1)
+	var admitted int64
+	for n := range 1_000_000 {
+		now := clk.now()
+		ok, err := s.Decide(context.Background(), reqs, results)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := ideal.decide(now, 1); public(results[0]) != want || ok != want.Allowed {
+			t.Fatalf("decision %d at +%dus: got %v %+v, the ideal bucket says %+v", n, now-first, ok, results[0], want)
+		}
+		if ok {
+			admitted++
+			// admitted <= burst + rate*elapsed/per, in integers.
+			if admitted*perUS > burst*perUS+tc.rate*(now-first) {
+				t.Fatalf("decision %d at +%dus: %d admitted, more than %d + %d x %dus / %dus",
+					n, now-first, admitted, burst, tc.rate, now-first, perUS)
+			}
+			continue
+		}
+		clk.add(1 + rng.Int64N(maxStep))
+	}
+	return admitted
+}
+
+// checkAdmittedExactly compares admitted with floor(burst + rate x
+// elapsed / per) in exact rationals: equal with a burst of 2 or more,
+// never above with a burst of 1.
+func (tc exactCase) checkAdmittedExactly(t *testing.T, burst, admitted int64, ideal *idealBucket, first int64) {
+	perUS := int64(tc.per / time.Microsecond)
+	last := ideal.last
+	// floor(burst + rate*(last-first)/per) in exact rationals.
+	bound := new(big.Rat).SetFrac(
+		new(big.Int).Mul(big.NewInt(tc.rate), big.NewInt(last-first)),
+		big.NewInt(perUS))
+	bound.Add(bound, new(big.Rat).SetInt64(burst))
+	want := new(big.Int).Quo(bound.Num(), bound.Denom()) // positive: truncation is floor
+	t.Logf("%d admitted over %.1f simulated hours; bound %s", admitted, float64(last-first)/3.6e9, want)
+	if burst >= 2 {
+		if ideal.capped {
+			t.Fatal("the trace let the bucket fill up: demand did not exceed supply")
+		}
+		if want.Cmp(big.NewInt(admitted)) != 0 {
+			t.Fatalf("admitted %d, want exactly %s", admitted, want)
+		}
+		return
+	}
+	// With a burst of 1 every admission finds a full bucket, and
+	// whole-microsecond request times lose the fraction of a
+	// microsecond by which a token's refill time (1/7 s here) is
+	// not whole: no trace can reach the bound, so the count is
+	// the ideal bucket's (checked decision by decision above),
+	// and never above the bound.
+	if want.Cmp(big.NewInt(admitted)) < 0 {
+		t.Fatalf("admitted %d, more than %s", admitted, want)
 	}
 }
