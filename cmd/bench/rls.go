@@ -51,7 +51,10 @@ type rlsRun struct {
 	Result       rlsload.Result
 	ServiceCPU   time.Duration // the service's CPU over the load
 	RedisCPU     time.Duration // Redis' CPU over the load
-	LoadAvg      string        // /proc/loadavg's first three fields, before the load
+	// Evalsha counts the script calls over the load, RedisReads the
+	// round trips (Redis' read events).
+	Evalsha, RedisReads int64
+	LoadAvg             string // /proc/loadavg's first three fields, before the load
 }
 
 // runRLS runs the RLS comparison and prints its table.
@@ -166,6 +169,8 @@ func measureRLS(e *env, s *rlsServer, redis *redistest.Server, l rlsload.Load, w
 	}
 	run.ServiceCPU = cpu1 - cpu0
 	run.RedisCPU = time.Duration((info1.CPU - info0.CPU) * float64(time.Second))
+	run.Evalsha = info1.EvalshaCalls - info0.EvalshaCalls
+	run.RedisReads = info1.Reads - info0.Reads
 	return run
 }
 
@@ -173,8 +178,8 @@ func measureRLS(e *env, s *rlsServer, redis *redistest.Server, l rlsload.Load, w
 func rlsTable(runs []rlsRun, callers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%d closed-loop callers, 20 ms deadline, one descriptor per call; CPU per decision (call)\n\n", callers)
-	b.WriteString("| round | service | load | calls/s | service CPU/decision | Redis CPU/decision | p50 | p99 | missed or failed | load average |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| round | service | load | calls/s | service CPU/decision | Redis CPU/decision | EVALSHA/decision | Redis round trips/decision | p50 | p99 | missed or failed | load average |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		per := func(d time.Duration) string {
 			if r.Result.Calls == 0 {
@@ -182,8 +187,14 @@ func rlsTable(runs []rlsRun, callers int) string {
 			}
 			return fmt.Sprintf("%.1f µs", float64(d.Microseconds())/float64(r.Result.Calls))
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %s | %s | %s | %s | %.2f%% | %s |\n", r.Round, r.Server, r.Load, r.Result.PerSecond(),
-			per(r.ServiceCPU), per(r.RedisCPU), r.Result.P50.Round(10*time.Microsecond), r.Result.P99.Round(10*time.Microsecond),
+		perCall := func(n int64) string {
+			if r.Result.Calls == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.3f", float64(n)/float64(r.Result.Calls))
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f%% | %s |\n", r.Round, r.Server, r.Load, r.Result.PerSecond(),
+			per(r.ServiceCPU), per(r.RedisCPU), perCall(r.Evalsha), perCall(r.RedisReads), r.Result.P50.Round(10*time.Microsecond), r.Result.P99.Round(10*time.Microsecond),
 			100*r.Result.FailedShare(), r.LoadAvg)
 		if r.Result.FirstError != "" {
 			fmt.Fprintf(os.Stderr, "%s, %s, round %d: first error: %s\n", r.Server, r.Load, r.Round, r.Result.FirstError)
