@@ -68,6 +68,19 @@ func (r *Rule) takeSpares(v *verdict, cost int64) {
 	}
 }
 
+// fullSpares is how many spares a decision of cost that must keep reserve
+// (in percent) takes from a full bucket (a window that counts nothing yet):
+// the most any of its decisions can take, less than prefetch − cost where
+// the burst (the window's limit) is small.
+func (r *Rule) fullSpares(cost, reserve int64) int64 {
+	v := verdict{ok: true, res: r.reserveUnits(reserve)}
+	if r.alg == TokenBucket {
+		v.after = cost * r.interval
+	}
+	r.takeSpares(&v, cost)
+	return v.spares
+}
+
 // spareKey names a key's spares in one zone.
 type spareKey struct {
 	bucket, key string
@@ -237,7 +250,7 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 			// the spares do not cover goes to the store, unless the key
 			// is paced and its class is low: what the zone held lately,
 			// less the request's cost and reserve, would not give a
-			// decision all its spares.
+			// decision all the spares a full bucket gives it.
 			left := sp.remaining - q.Cost - q.Rule.reserveTokens(q.Reserve)
 			if sp.n >= q.Cost && now.Before(sp.deadline) && left >= 0 {
 				sp.n -= q.Cost
@@ -248,7 +261,7 @@ func (s *spares) take(reqs []Request, results []Result, local []bool, now time.T
 				covered++
 				continue
 			}
-			if now.Before(sp.pause) && left < 4*(q.Rule.prefetch-q.Cost) {
+			if now.Before(sp.pause) && left < 4*q.Rule.fullSpares(q.Cost, q.Reserve) {
 				s.undo(reqs, local)
 				for j := range results {
 					results[j] = Result{Allowed: true, Unknown: true}
@@ -305,8 +318,8 @@ func (s *spares) undo(reqs []Request, local []bool) {
 }
 
 // pace starts the pause of each prefetching zone whose store decision (at
-// now) could not take all the spares it wanted (see Rule.pauseAfter). Of a denied
-// request, only the zones that denied it: one that would have admitted it
+// now) took fewer spares than a full bucket gives it (see Rule.pauseAfter).
+// Of a denied request, only the zones that denied it: one that would have admitted it
 // took no spares because another zone denied, not because it runs low. A
 // key reset since the decision was sent (stale: keyResets) is not paced.
 func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bool, stale func(spareKey) bool) {
@@ -321,7 +334,7 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 		if denied && res.Allowed {
 			continue
 		}
-		if res.spares >= r.prefetch-q.Cost {
+		if res.spares >= r.fullSpares(q.Cost, q.Reserve) {
 			continue
 		}
 		c.short.Add(1)
@@ -350,8 +363,10 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 }
 
 // pauseAfter is how long a node leaves a key alone after a store decision
-// that took fewer spares than it wanted (pacing): the time the zone's
-// rate takes to refill the spares it missed; never longer than the bucket
+// that took fewer spares than a full bucket gives it (pacing: fullSpares;
+// a decision that took those took all it could, and waiting gains it
+// nothing): the time the zone's rate takes to refill the spares it
+// missed; never longer than the bucket
 // takes to fill up from what the decision left (no token is lost to a full
 // bucket while the nodes wait; a fixed window is full again when its window
 // ends), nor half the hold. (A pause multiplied by
@@ -359,7 +374,7 @@ func (s *spares) pace(reqs []Request, results []Result, now time.Time, denied bo
 // 0.99 of what a saturated key could reach in fleetsim, against 0.93 to
 // 0.996 without; the calls stay within 0.2 per admission with prefetch 20.)
 func (r *Rule) pauseAfter(q *Request, res *Result) time.Duration {
-	missed := r.prefetch - q.Cost - res.spares
+	missed := r.fullSpares(q.Cost, q.Reserve) - res.spares
 	need := min(missed, r.burst-(res.Remaining-res.spares))
 	if missed <= 0 || need <= 0 {
 		return 0
@@ -606,7 +621,8 @@ type PrefetchStats struct {
 	// paced, without the store.
 	Paced uint64 `json:"paced"`
 	// Decisions counts the zone's decisions by the store; Short those of
-	// them that took fewer spares than they wanted (they start a pause).
+	// them that took fewer spares than a full bucket gives (they start a
+	// pause).
 	Decisions uint64 `json:"decisions"`
 	Short     uint64 `json:"short"`
 	// Taken counts the spare tokens taken, Returned those refunded

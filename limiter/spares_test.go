@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
 // TestPrefetchSparesRule: a decision takes min(prefetch − cost, ⌊left/4⌋)
@@ -126,17 +128,20 @@ func TestPrefetchSparesExpire(t *testing.T) {
 	}
 }
 
-// TestPrefetchPause: a decision that took fewer spares than it wanted
-// pauses its node for the time the rate takes to refill what it missed,
-// never longer than the bucket takes to fill up, nor half the hold.
+// TestPrefetchPause: a decision that took fewer spares than a full bucket
+// gives it pauses its node for the time the rate takes to refill what it
+// missed, never longer than the bucket takes to fill up, nor half the hold.
 func TestPrefetchPause(t *testing.T) {
 	r := mustConfig(t, RuleConfig{Name: "pf", Rate: 2000, Per: time.Second, Burst: 200, Prefetch: 20})
 	slow := mustConfig(t, RuleConfig{Name: "slow", Rate: 100, Per: time.Second, Burst: 200, Prefetch: 20})
+	small := mustConfig(t, RuleConfig{Name: "small", Rate: 10, Per: time.Second, Burst: 9, Prefetch: 6})
 	for _, c := range []struct {
 		rule              *Rule
 		spares, remaining int64
 		want              time.Duration
 	}{
+		{rule: small, spares: 2, remaining: 8, want: 0},                     // all of ⌊(9 − 1)/4⌋ a full bucket gives
+		{rule: small, spares: 1, remaining: 6, want: 50 * time.Millisecond}, // one missed: 100ms, half the hold
 		{rule: r, spares: 19, remaining: 100, want: 0},                      // all it wanted
 		{rule: r, spares: 9, remaining: 50, want: 5 * time.Millisecond},     // 10 missed
 		{rule: r, spares: 0, remaining: 0, want: 9500 * time.Microsecond},   // 19 missed
@@ -207,5 +212,36 @@ func TestPrefetchPauseEndsWithTheWindow(t *testing.T) {
 	time.Sleep(60 * time.Millisecond) // the spares' hold ended with their window
 	if out := l.Decide(context.Background(), one, res); out != Allowed {
 		t.Fatalf("the first request of the next window: %v %+v, want allowed (the window holds nothing)", out, res[0])
+	}
+}
+
+// TestPrefetchRefundedKeyNotPaced: a bucket whose burst, less a request's
+// cost, holds fewer than 4 tokens gives no decision a spare, full or not,
+// so a decision that takes none is all its rule allows and no sign that
+// the key runs low. Two nodes on one Redis, a zone of 10/s, burst 5, cost
+// 2 and prefetch 6, and a key whose every charge is refunded (count_status)
+// as soon as it is decided: every request finds the bucket full, and is
+// admitted, also one that comes right after its node's last decision. A
+// node paced the key after each of its decisions, and denied the next one
+// without the store (seed 330014 of the chaos checker).
+func TestPrefetchRefundedKeyNotPaced(t *testing.T) {
+	addr := redistest.Start(t).Addr
+	nodes := []*Limiter{New(newRedisStore(t, RedisOptions{Address: addr}), Options{}),
+		New(newRedisStore(t, RedisOptions{Address: addr}), Options{})}
+	for _, l := range nodes {
+		t.Cleanup(l.Close)
+	}
+	pf := mustConfig(t, RuleConfig{Name: "pf", Rate: 10, Per: time.Second, Burst: 5, Prefetch: 6, Refunds: true})
+	// The chaos client's order of nodes, 5 ms apart.
+	for i, n := range []int{0, 0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1} {
+		reqs := []Request{{Rule: pf, Key: "refunded", Cost: 2}}
+		res := make([]Result, 1)
+		if out := nodes[n].Decide(context.Background(), reqs, res); out != Allowed {
+			t.Fatalf("request %d on node %d: %v %+v, want admitted (every charge refunded, the bucket full)", i, n, out, res[0])
+		}
+		if err := nodes[n].Refund(context.Background(), Allowed, reqs, res); err != nil {
+			t.Fatalf("refund %d: %v", i, err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
