@@ -14,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -23,8 +24,9 @@ import (
 )
 
 // The rules of the fleet test: tenants on the reference's fixed window,
-// users on a token bucket (an extension), and a tally that every call
-// names beside its tenant or user, far from its limit.
+// users on a token bucket (an extension); and the tally, a request's own
+// limit (an override) far above what the load sends, that every call puts
+// on its tenant's or user's entries beside them.
 const (
 	tenantLimit = 50 // per second, fixed window
 	userRate    = 40 // per second, token bucket
@@ -38,9 +40,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: %d}
   - key: user
     rate_limit: {unit: second, requests_per_unit: %d, algorithm: token_bucket, burst: %d}
-  - key: tally
-    rate_limit: {unit: hour, requests_per_unit: %d}
-`, tenantLimit, userRate, userBurst, tallyLimit)
+`, tenantLimit, userRate, userBurst)
 
 // rlsFleetWindows is how many one-second windows the load fills, and
 // rlsFleetCallers how many calls are in flight at once: two per bucket,
@@ -65,17 +65,14 @@ const (
 // admission no caller saw: each call also names its bucket's tally, which
 // never denies, so what Redis charged the tally is what the fleet admitted
 // of the bucket (all-or-nothing: a call the bucket denied charged no
-// tally). The OK answers must stay within the bound, the tally must reach
-// 0.98 of it, and it lies between the OK answers and those plus the calls
-// of unknown outcome. That holds on a single Redis, where a call is one
-// atomic script call: there the tally must also stay within the bound. On
-// a Cluster the tally and the bucket live on different slots, decided by
-// a script call each: when one slot answers in time and the other does
-// not, the node cannot know whether to give the first charge back, so the
-// tally may count a call the bucket denied, or miss one it admitted. There
-// the OK answers must stay within the bound, the tally between the OK
-// answers and those plus the calls of unknown outcome, and the share of
-// the bound the tally reached is logged, not checked.
+// tally). The tally is a descriptor with the bucket's own entries and a
+// limit of its own (an override), so its bucket has the same client key,
+// and so the same Cluster hash tag and slot, as the bucket it counts: on
+// a Cluster as on a single Redis, the two are decided in one atomic script
+// call, and the tally counts exactly what Redis admitted of the bucket.
+// The OK answers and the tally must stay within the bound, the tally must
+// reach 0.98 of it, and it lies between the OK answers and those plus the
+// calls of unknown outcome.
 //
 // The nodes answer a decision Redis has not made within half the call's
 // deadline with on_error deny, so that every admission is Redis'. Their
@@ -100,9 +97,10 @@ func TestRLSFleetExactness(t *testing.T) {
 				top, rlsFleetCallers, rlsFleetWindows, rep.calls, float64(rep.calls)/rep.last.Sub(rep.first).Seconds(), rep.ok, rep.over, rep.policy, rep.missed, rep.errs, rep.firstErr)
 			time.Sleep(time.Second) // a Cluster's refunds are queued
 			for b, bs := range rep.buckets {
-				bs.tally = tallyLimit - int64(lookTally(t, clients[0], b))
+				key, value, _ := strings.Cut(b, "=")
+				bs.tally = tallyLimit - int64(lookTally(t, clients[0], key, value))
 			}
-			rep.check(t, top == "single")
+			rep.check(t)
 		})
 	}
 }
@@ -139,7 +137,7 @@ func startRLSFleet(t *testing.T, count int, addrs string) []rlsv3.RateLimitServi
 	wg.Wait()
 	// Each node connected, to Redis too: a patient call to each.
 	for i, cl := range clients {
-		if _, err := lookTallyErr(cl, "warm"); err != nil {
+		if _, err := lookTallyErr(cl, "tenant", "warm"); err != nil {
 			t.Fatalf("node %d: %v", i, err)
 		}
 	}
@@ -154,31 +152,40 @@ func waitWindow(unit, room time.Duration) {
 	}
 }
 
-// lookTally returns the limit_remaining of bucket's tally, by a call that
-// only looks (its descriptor's hits_addend 0).
-func lookTally(t *testing.T, cl rlsv3.RateLimitServiceClient, bucket string) uint32 {
+// lookTally returns the limit_remaining of the tally of the bucket of
+// key=value, by a call that only looks (its descriptor's hits_addend 0).
+func lookTally(t *testing.T, cl rlsv3.RateLimitServiceClient, key, value string) uint32 {
 	t.Helper()
-	left, err := lookTallyErr(cl, bucket)
+	left, err := lookTallyErr(cl, key, value)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return left
 }
 
-func lookTallyErr(cl rlsv3.RateLimitServiceClient, bucket string) (uint32, error) {
+func lookTallyErr(cl rlsv3.RateLimitServiceClient, key, value string) (uint32, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d := rlsDescriptor("tally", bucket)
+	d := tallyDescriptor(key, value)
 	d.HitsAddend = wrapperspb.UInt64(0)
 	resp, err := cl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "fleet", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
 	if err != nil {
-		return 0, fmt.Errorf("looking at the tally of %s: %w", bucket, err)
+		return 0, fmt.Errorf("looking at the tally of %s=%s: %w", key, value, err)
 	}
 	return resp.Statuses[0].LimitRemaining, nil
 }
 
 func rlsDescriptor(key, value string) *ratelimitv3.RateLimitDescriptor {
 	return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}
+}
+
+// tallyDescriptor returns the tally of the bucket of key=value: the
+// bucket's entries with a limit of tallyLimit per hour of their own, whose
+// bucket shares the client key (and so the Cluster slot) of the bucket.
+func tallyDescriptor(key, value string) *ratelimitv3.RateLimitDescriptor {
+	d := rlsDescriptor(key, value)
+	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: tallyLimit, Unit: typev3.RateLimitUnit_HOUR}
+	return d
 }
 
 // rlsFleetReport is what the load's callers saw.
@@ -218,7 +225,7 @@ func rlsFleetLoad(clients []rlsv3.RateLimitServiceClient, callers, windows int) 
 		bucket := key + "=" + value
 		wg.Go(func() {
 			req := &rlsv3.RateLimitRequest{Domain: "fleet", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-				rlsDescriptor(key, value), rlsDescriptor("tally", bucket), rlsDescriptor("route", "/api"),
+				rlsDescriptor(key, value), tallyDescriptor(key, value), rlsDescriptor("route", "/api"),
 			}}
 			var mine rlsFleetReport
 			var last time.Time
@@ -276,10 +283,8 @@ func rlsFleetLoad(clients []rlsv3.RateLimitServiceClient, callers, windows int) 
 
 // check compares each bucket's admissions, the OK answers and its tally in
 // Redis, with its exact bound, and its tally with 0.98 of the bound over
-// the windows (or the time) the load filled; atomic says whether the
-// tally counts exactly what Redis admitted of the bucket (a single Redis),
-// and so is checked against the bound and its 0.98.
-func (r *rlsFleetReport) check(t *testing.T, atomic bool) {
+// the windows (or the time) the load filled.
+func (r *rlsFleetReport) check(t *testing.T) {
 	t.Helper()
 	span := r.last.Sub(r.first)
 	// The fixed windows the calls' decisions may have fallen in: those of
@@ -306,10 +311,10 @@ func (r *rlsFleetReport) check(t *testing.T, atomic bool) {
 		if float64(bs.ok) > math.Floor(bound+1e-9) {
 			t.Errorf("%s: %d answered OK, above the exact bound %.1f", b, bs.ok, bound)
 		}
-		if atomic && float64(bs.tally) > math.Floor(bound+1e-9) {
+		if float64(bs.tally) > math.Floor(bound+1e-9) {
 			t.Errorf("%s: %d admitted in Redis, above the exact bound %.1f", b, bs.tally, bound)
 		}
-		if atomic && float64(bs.tally) < least {
+		if float64(bs.tally) < least {
 			t.Errorf("%s: %d admitted in Redis, below 0.98 of the bound (%.1f): the fleet did not give what the rule gives", b, bs.tally, least)
 		}
 		if bs.tally < bs.ok || bs.tally > bs.ok+bs.unknown {
