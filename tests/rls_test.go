@@ -38,6 +38,28 @@ func rlsRules(t *testing.T, dir string, limit int) {
 	}
 }
 
+// startRLSCaddy starts Caddy with rate_limit_rls (rlsGlobals) on the
+// rules in dir and the Redis at redisAddr, serving site, and returns the
+// node and a client of the service.
+func startRLSCaddy(t *testing.T, dir, redisAddr, site string) (*node, rlsv3.RateLimitServiceClient) {
+	t.Helper()
+	port := redistest.FreePort(t)
+	n := startCaddy(t, rlsGlobals(port, dir, redisAddr), site)
+	return n, rlsClient(t, port)
+}
+
+// rlsClient returns a plaintext client of the service on a loopback port,
+// closed when the test ends.
+func rlsClient(t *testing.T, port int) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
 // rlsCall is one ShouldRateLimit call with a deadline.
 func rlsCall(client rlsv3.RateLimitServiceClient, deadline time.Duration, ip string) (*rlsv3.RateLimitResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -58,12 +80,7 @@ func TestRLSCaddy(t *testing.T) {
 	rlsRules(t, dir, 3)
 	port := redistest.FreePort(t)
 	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), `respond "ok"`)
-	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	client := rlsClient(t, port)
 	// Answers, not time: a loaded machine gets seconds.
 	for i, want := range []string{"OK", "OK", "OK", "OVER_LIMIT"} {
 		resp, err := rlsCall(client, 10*time.Second, "192.0.2.1")
@@ -130,7 +147,6 @@ func TestRLSZoneShared(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := redistest.FreePort(t)
 	site := fmt.Sprintf(`rate_limit {
 		redis {
 			address %s
@@ -141,13 +157,7 @@ func TestRLSZoneShared(t *testing.T) {
 		}
 	}
 	respond "ok"`, srv.Addr)
-	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), site)
-	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	n, client := startRLSCaddy(t, dir, srv.Addr, site)
 	// Two requests through Caddy from 127.0.0.1, two calls for it: the
 	// zone's 4 are spent, whichever way they came.
 	for i := range 2 {

@@ -33,7 +33,7 @@ func TestReferenceClientAgainstRLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := redistest.FreePort(t)
-	startCaddy(t, fmt.Sprintf("rate_limit_rls {\n\tlisten 127.0.0.1:%d\n\tconfig_dir %s\n\tredis {\n\t\taddress %s\n\t}\n}", port, configDir, redis.Addr), `respond "ok"`)
+	startCaddy(t, rlsGlobals(port, configDir, redis.Addr), `respond "ok"`)
 
 	want := []string{"OK", "OK", "OVER_LIMIT"}
 	for i, code := range want {

@@ -15,8 +15,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
@@ -127,12 +125,7 @@ func startRLSFleet(t *testing.T, count int, addrs string) []rlsv3.RateLimitServi
 		}
 	}`, port, dir, addrs)
 		wg.Go(func() { localfleet.StartNode(t, caddyBin, globals, `respond "ok"`) })
-		conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		clients[i] = rlsv3.NewRateLimitServiceClient(conn)
+		clients[i] = rlsClient(t, port)
 	}
 	wg.Wait()
 	// Each node connected, to Redis too: a patient call to each.

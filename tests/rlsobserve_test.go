@@ -14,8 +14,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
@@ -35,14 +33,7 @@ func TestRLSObserved(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "detail.yaml"), []byte(detail), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := redistest.FreePort(t)
-	n := startCaddy(t, rlsGlobals(port, dir, srv.Addr), `respond "ok"`)
-	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`)
 	const ip = "192.0.2.77"
 	for i, want := range []string{"OK", "OK", "OVER_LIMIT"} {
 		resp, err := rlsCall(client, 10*time.Second, ip)

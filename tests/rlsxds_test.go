@@ -16,7 +16,6 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
@@ -61,12 +60,7 @@ func TestRLSXDSCaddy(t *testing.T) {
 			node_id envoy-ratelimit
 		}
 	}`, port, ln.Addr()), `respond "ok"`)
-	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	client := rlsClient(t, port)
 	// The rule in force, without charging it (0 hits); 0 before any.
 	limit := func() uint32 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
