@@ -29,8 +29,10 @@ type call struct {
 	oreqs  []limiter.Request
 	ores   []limiter.Result
 	// mkeys holds, per request, the metric key of a rule with
-	// detailed_metric or value_to_metric ("" for the others).
-	mkeys []string
+	// detailed_metric or value_to_metric ("" for the others), and onames
+	// the zone name of a request's own limit ("" for the others).
+	mkeys  []string
+	onames []string
 }
 
 // item is one descriptor's part of the call.
@@ -59,8 +61,10 @@ func (c *call) release() {
 	clear(c.ozones)
 	clear(c.oreqs)
 	clear(c.mkeys)
+	clear(c.onames)
 	*c = call{limits: c.limits[:0], items: c.items[:0], reqs: c.reqs[:0], results: c.results[:0],
-		gives: c.gives[:0], entries: c.entries[:0], ozones: c.ozones[:0], oreqs: c.oreqs[:0], ores: c.ores[:0], mkeys: c.mkeys[:0]}
+		gives: c.gives[:0], entries: c.entries[:0], ozones: c.ozones[:0], oreqs: c.oreqs[:0], ores: c.ores[:0],
+		mkeys: c.mkeys[:0], onames: c.onames[:0]}
 	callPool.Put(c)
 }
 

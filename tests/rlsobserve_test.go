@@ -14,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
@@ -125,5 +126,88 @@ func TestRLSObserved(t *testing.T) {
 	}
 	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 2 || l.Keys[0].Rules[0].Remaining != 0 {
 		t.Fatalf("key lookup of the descriptor: %s, want its bucket at 2 per hour with none left", body)
+	}
+}
+
+// TestRLSObservedOverride: a descriptor's own limit (an override) shows as
+// a zone as a rule does, named by its domain and its entries' keys, never
+// their values ("rls/edge.remote_address/override"), in the metrics, the
+// stats, the denial feed and the key lookup; the zones that overrides
+// make are bounded with those of detailed_metric (1000), and beyond the
+// bound a domain's overrides count in its own ("rls/edge/override").
+func TestRLSObservedOverride(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	rlsRules(t, dir, 2)
+	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`)
+	own := func(key, value string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: value}},
+			Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}}
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatalf("override call for %s=%s: %v", key, value, err)
+		}
+		return resp.OverallCode.String()
+	}
+	const ip, zone = "192.0.2.88", "rls/edge.remote_address/override"
+	if a, b, c := own("remote_address", ip), own("remote_address", ip), own("remote_address", "192.0.2.89"); a != "OK" || b != "OVER_LIMIT" || c != "OK" {
+		t.Fatalf("two addresses at their own 1 per hour: %s, %s, %s; want OK, OVER_LIMIT, OK", a, b, c)
+	}
+	m := n.scrape()
+	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "allowed")
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "denied")
+	s := n.stats("")
+	if i := zoneIndex(s, zone); i < 0 {
+		t.Errorf("no zone %s in the stats", zone)
+	} else if z := s.Zones[i]; z.Rate != 1 || z.Totals["allowed"] != 2 || z.Totals["denied"] != 1 {
+		t.Errorf("stats of %s: rate %d, totals %v, want 1 per hour, 2 allowed and 1 denied", zone, z.Rate, z.Totals)
+	}
+	f, body := n.waitDenials("the override's denial", "", 5*time.Second, func(f denialFeed) bool {
+		for _, d := range f.Denials {
+			if d.Zone == zone {
+				return true
+			}
+		}
+		return false
+	})
+	for _, d := range f.Denials {
+		if d.Zone == zone && (d.Method != "ShouldRateLimit" || d.Host != "edge" || d.Route != "edge.remote_address/override" || d.Key != "") {
+			t.Errorf("the override's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address/override and no key", d)
+		}
+	}
+	if strings.Contains(body, ip) {
+		t.Errorf("the denial feed shows the descriptor's value:\n%s", body)
+	}
+	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
+	var l keyLookup
+	if err := json.Unmarshal([]byte(body), &l); st != 200 || err != nil {
+		t.Fatalf("key lookup: %d %v\n%s", st, err, body)
+	}
+	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 1 || l.Keys[0].Rules[0].Remaining != 0 {
+		t.Fatalf("key lookup of the override: %s, want its bucket at 1 per hour with none left", body)
+	}
+
+	// A zone per descriptor's keys, 1000 at most (less the one above),
+	// then the domain's.
+	for i := range 1001 {
+		own(fmt.Sprint("k", i), "v")
+	}
+	m = n.scrape()
+	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/edge.k998/override", "outcome", "allowed")
+	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", "rls/edge/override", "outcome", "allowed")
+	made := 0
+	for z := range m.By("zone", "caddy_rate_limit_decisions_total", "outcome", "allowed") {
+		if strings.HasPrefix(z, "rls/edge.") && strings.HasSuffix(z, "/override") {
+			made++
+		}
+		if strings.Contains(z, ip) || strings.Contains(z, "_v") {
+			t.Errorf("zone %q holds a descriptor's value", z)
+		}
+	}
+	if made != 1000 {
+		t.Errorf("%d zones of overrides, want the bound of 1000", made)
 	}
 }
