@@ -15,14 +15,6 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
-// deadlineConfig is a rule of 3 per hour.
-const deadlineConfig = `
-domain: api
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 3}
-`
-
 // TestRedisHangs pauses Redis (SIGSTOP) under the service, with Redis'
 // default timeout (25ms): every call of the Envoy emulator is answered
 // within the store's timeout by the on_error policy (deny: OVER_LIMIT;
@@ -46,7 +38,7 @@ func TestRedisHangs(t *testing.T) {
 	} {
 		t.Run(c.policy, func(t *testing.T) {
 			srv := redistest.Start(t)
-			a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, func(a *App) {
+			a := startApp(t, map[string]string{"api.yaml": userConfig}, func(a *App) {
 				a.Redis = &fleetlimit.RedisConfig{Address: srv.Addr}
 				a.OnError = c.policy
 			})
@@ -90,7 +82,7 @@ func waitDecided(t *testing.T, e *envoy) {
 // TestNoAnswerAfterDeadline: a call whose caller has gone by the time it
 // is decided gets the context's status, not an answer.
 func TestNoAnswerAfterDeadline(t *testing.T) {
-	a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, nil)
+	a := startApp(t, map[string]string{"api.yaml": userConfig}, nil)
 	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
 	defer cancel()
 	resp, err := a.service.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api",

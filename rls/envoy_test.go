@@ -22,6 +22,15 @@ import (
 // go-control-plane's v3 types, one unary call per request, and the
 // filter's default deadline of 20ms.
 
+// userConfig, the rules of several tests, is domain api with a rule of 3 per
+// hour for each user.
+const userConfig = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+`
+
 // envoyTimeout is the deadline Envoy's rate limit filter gives a call.
 const envoyTimeout = 20 * time.Millisecond
 

@@ -12,19 +12,11 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// badInputConfig has one rule per value, 3 per hour.
-const badInputConfig = `
-domain: api
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 3}
-`
-
 // TestBadInput sends what no Envoy sends: each call is refused with a
 // status that says what is wrong, and charges nothing (the user's bucket is
 // still full afterwards).
 func TestBadInput(t *testing.T) {
-	scenarioStores(t, map[string]string{"api.yaml": badInputConfig}, func(t *testing.T, e *envoy) {
+	scenarioStores(t, map[string]string{"api.yaml": userConfig}, func(t *testing.T, e *envoy) {
 		freshWindow(time.Hour)
 		user := func() *ratelimitv3.RateLimitDescriptor { return desc("user", "alice") }
 		many := make([]*ratelimitv3.RateLimitDescriptor, 10_000)

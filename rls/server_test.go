@@ -18,7 +18,7 @@ import (
 // TestHealth: the standard health service reports the server and the rate
 // limit service SERVING, and NOT_SERVING once the app stops.
 func TestHealth(t *testing.T) {
-	a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, nil)
+	a := startApp(t, map[string]string{"api.yaml": userConfig}, nil)
 	e := newEnvoy(t, a.addr(0))
 	health := healthpb.NewHealthClient(e.conn)
 	for _, name := range []string{"", serviceName} {
@@ -52,7 +52,7 @@ func TestHealth(t *testing.T) {
 // in plaintext on the TLS port, it is not.
 func TestTLS(t *testing.T) {
 	files := redistest.GenerateTLS(t)
-	a := startApp(t, map[string]string{"api.yaml": deadlineConfig}, func(a *App) {
+	a := startApp(t, map[string]string{"api.yaml": userConfig}, func(a *App) {
 		a.TLS = &TLS{Listen: []string{"127.0.0.1:0"}, CertFile: files.CertFile, KeyFile: files.KeyFile, ClientCAFile: files.CAFile}
 	})
 	if len(a.servers) != 2 {
