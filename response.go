@@ -59,6 +59,10 @@ func settled(res *limiter.Result) bool {
 	return !res.Unknown && !res.DryRun
 }
 
+// statusClientClosed is the status logged for a request whose client went
+// away before it was decided (nginx's 499, as Caddy's reverse proxy uses).
+const statusClientClosed = 499
+
 // statusUnknown is the status of a request passed on whose client left
 // before any status was written: a count_status zone keeps its charge
 // (strict: the upstream may have done the work, and a client must not get
