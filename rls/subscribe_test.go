@@ -191,7 +191,7 @@ func TestXDSSubscription(t *testing.T) {
 		}}, `rate limit config "broken": descriptors[0].rate_limit.unit: an unlimited rule takes no unit`},
 		// Two resources of one domain.
 		{"4", &rlsconf.RateLimitConfig{Name: "again", Domain: "mesh"},
-			`rate limit config "again": duplicate domain "mesh" (first defined at rate limit config "mesh-rules")`},
+			`rate limit config "mesh-rules": duplicate domain "mesh" (first defined at rate limit config "again")`},
 	} {
 		m.set(c.version, meshLimit(7), c.bad)
 		nack := m.answer(c.version, true)

@@ -1,7 +1,9 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
@@ -11,20 +13,26 @@ import (
 // state-of-the-world update, as the reference builds one from the YAML
 // files, with the same checks; an error names the resource by its name (or
 // its domain) and the descriptor by its path in it. A domain may be in one
-// resource only. The resources carry the reference's fields that their
+// resource only; the resources are taken in the order of their names (as
+// the files are), since an update may list them in any order, so that
+// which of two resources of one domain an error names does not change
+// with it. The resources carry the reference's fields that their
 // protocol has (no quota_mode, value_to_metric, share_threshold, metadata
 // or extension); a unit is taken by its number, so that a MONTH or YEAR of
 // a newer management server is understood.
 func FromXDS(resources []*rlsconf.RateLimitConfig) (*Config, error) {
 	b := newBuilder()
-	for i, res := range resources {
+	order := make([]int, len(resources))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int { return cmp.Compare(xdsName(resources[i]), xdsName(resources[j])) })
+	for _, i := range order {
+		res := resources[i]
 		if res == nil {
 			continue
 		}
-		name := res.GetName()
-		if name == "" {
-			name = res.GetDomain()
-		}
+		name := xdsName(res)
 		at := fmt.Sprintf("rate limit config %q", name)
 		if name == "" {
 			at = fmt.Sprintf("rate limit config #%d", i)
@@ -36,6 +44,14 @@ func FromXDS(resources []*rlsconf.RateLimitConfig) (*Config, error) {
 		}
 	}
 	return b.cfg, nil
+}
+
+// xdsName is the name a resource is known by: its name, else its domain.
+func xdsName(res *rlsconf.RateLimitConfig) string {
+	if name := res.GetName(); name != "" {
+		return name
+	}
+	return res.GetDomain()
 }
 
 // xdsDescriptors converts a list of descriptors; at places the list.

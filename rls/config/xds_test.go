@@ -131,6 +131,9 @@ func TestFromXDSRefusals(t *testing.T) {
 		{"no name or domain", []*rlsconf.RateLimitConfig{{}}, `rate limit config #0: the domain is empty`},
 		{"duplicate domain", []*rlsconf.RateLimitConfig{{Name: "one", Domain: "d"}, {Name: "two", Domain: "d"}},
 			`rate limit config "two": duplicate domain "d" (first defined at rate limit config "one")`},
+		// An update lists its resources in any order: the error is the same.
+		{"duplicate domain, listed the other way", []*rlsconf.RateLimitConfig{{Name: "two", Domain: "d"}, {Name: "one", Domain: "d"}},
+			`rate limit config "two": duplicate domain "d" (first defined at rate limit config "one")`},
 		{"empty key", []*rlsconf.RateLimitConfig{{Name: "r", Domain: "d", Descriptors: []*rlsconf.RateLimitDescriptor{{Value: "v"}}}},
 			`rate limit config "r": descriptors[0]: the descriptor has an empty key`},
 		{"unlimited with unit", withLimit(&rlsconf.RateLimitPolicy{Unlimited: true, Unit: rlsconf.RateLimitUnit_DAY}),
