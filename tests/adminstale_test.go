@@ -106,6 +106,26 @@ func TestAdminAPINeverWaitsOnStalledRedis(t *testing.T) {
 	for range 10 {
 		n.get("/", "X-Key: mallory")
 	}
+	waitFreshFleetViewAndBan(t, n)
+
+	r.Pause()
+	paused := time.Now()
+	defer r.Resume()
+
+	waitIdleProbeFindsStall(t, n, paused)
+
+	// Every endpoint answers in time, from what it read before (once the
+	// last fresh read of the fleet view, reused for 900 ms, has aged).
+	time.Sleep(time.Second)
+	for _, path := range []string{"/rate_limit/stats", "/rate_limit/bans", "/rate_limit/denials"} {
+		checkStaleAnswerInTime(t, n, path, timeout, paused)
+	}
+}
+
+// waitFreshFleetViewAndBan waits up to 20 s for the admin API to show the
+// zone's fleet view of one node and the one ban, both fresh.
+func waitFreshFleetViewAndBan(t *testing.T, n *node) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		s, _ := n.timedGet("/rate_limit/stats")
@@ -113,19 +133,19 @@ func TestAdminAPINeverWaitsOnStalledRedis(t *testing.T) {
 		n.timedGet("/rate_limit/denials")
 		if len(s.Zones) == 1 && s.Zones[0].Fleet != nil && len(s.Zones[0].Fleet.Nodes) == 1 && !s.Zones[0].Fleet.Stale &&
 			len(b.Bans) == 1 && len(b.Stores) == 1 && !b.Stores[0].Stale {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no fresh fleet view and ban 20 s on: stats %+v, bans %+v", s, b)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
 
-	r.Pause()
-	paused := time.Now()
-	defer r.Resume()
-
-	// No traffic: the idle probe finds the stall.
+// waitIdleProbeFindsStall: with no traffic, the idle probe finds the
+// stall, and the stats say so within about 3 s of the SIGSTOP.
+func waitIdleProbeFindsStall(t *testing.T, n *node, paused time.Time) {
+	t.Helper()
 	for {
 		s, _ := n.timedGet("/rate_limit/stats")
 		if st := s.Stores[0]; st.Status != "ok" {
@@ -142,45 +162,46 @@ func TestAdminAPINeverWaitsOnStalledRedis(t *testing.T) {
 	if took := time.Since(paused); took > 6*time.Second && took < 10*time.Second {
 		t.Errorf("the stall showed in the stats %s after SIGSTOP, want about 3 s at most", took)
 	}
+}
 
-	// Every endpoint answers in time, from what it read before (once the
-	// last fresh read of the fleet view, reused for 900 ms, has aged).
-	time.Sleep(time.Second)
+// checkStaleAnswerInTime calls path 20 times under the stalled Redis: its
+// p99 is within the store's timeout and a margin, and the last answer
+// holds what was read before the stall, marked stale with its time.
+func checkStaleAnswerInTime(t *testing.T, n *node, path string, timeout time.Duration, paused time.Time) {
+	t.Helper()
 	const calls = 20
 	bound := timeout + 500*time.Millisecond // the 50 ms margin, and room for this busy machine
-	for _, path := range []string{"/rate_limit/stats", "/rate_limit/bans", "/rate_limit/denials"} {
-		var took []time.Duration
-		var last adminStale
-		for range calls {
-			a, d := n.timedGet(path)
-			took = append(took, d)
-			last = a
+	var took []time.Duration
+	var last adminStale
+	for range calls {
+		a, d := n.timedGet(path)
+		took = append(took, d)
+		last = a
+	}
+	p50, p99 := quantiles(took)
+	t.Logf("%s under a SIGSTOPped Redis (timeout %s): p50 %s, p99 %s over %d calls",
+		path, timeout, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond), calls)
+	if p99 > bound {
+		t.Errorf("%s: p99 %s under a SIGSTOPped Redis, want at most %s", path, p99, bound)
+	}
+	switch path {
+	case "/rate_limit/stats":
+		f := last.Zones[0].Fleet
+		if f == nil || !f.Stale || f.ReadAt == nil || f.ReadAt.After(paused) || len(f.Nodes) != 1 {
+			t.Errorf("stats' fleet view under a stalled Redis: %+v, want the last read, stale, read before the stall", f)
 		}
-		p50, p99 := quantiles(took)
-		t.Logf("%s under a SIGSTOPped Redis (timeout %s): p50 %s, p99 %s over %d calls",
-			path, timeout, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond), calls)
-		if p99 > bound {
-			t.Errorf("%s: p99 %s under a SIGSTOPped Redis, want at most %s", path, p99, bound)
+		if m := last.Stores[0].Memory; m != nil && (!m.Stale || m.ReadAt.IsZero()) {
+			t.Errorf("stats' Redis memory under a stalled Redis: %+v, want stale with its time", m)
 		}
-		switch path {
-		case "/rate_limit/stats":
-			f := last.Zones[0].Fleet
-			if f == nil || !f.Stale || f.ReadAt == nil || f.ReadAt.After(paused) || len(f.Nodes) != 1 {
-				t.Errorf("stats' fleet view under a stalled Redis: %+v, want the last read, stale, read before the stall", f)
-			}
-			if m := last.Stores[0].Memory; m != nil && (!m.Stale || m.ReadAt.IsZero()) {
-				t.Errorf("stats' Redis memory under a stalled Redis: %+v, want stale with its time", m)
-			}
-		case "/rate_limit/bans":
-			src := last.Stores[0]
-			if !src.Stale || src.ReadAt == nil || src.ReadAt.After(paused) || len(last.Bans) != 1 {
-				t.Errorf("bans under a stalled Redis: %+v, %d bans, want the last read's ban, stale, read before the stall", src, len(last.Bans))
-			}
-		case "/rate_limit/denials":
-			src := last.Stores[0]
-			if src.Source != "fleet" || !src.Stale || src.ReadAt == nil || src.ReadAt.After(paused) {
-				t.Errorf("denials under a stalled Redis: %+v, want the fleet's last read, stale, read before the stall", src)
-			}
+	case "/rate_limit/bans":
+		src := last.Stores[0]
+		if !src.Stale || src.ReadAt == nil || src.ReadAt.After(paused) || len(last.Bans) != 1 {
+			t.Errorf("bans under a stalled Redis: %+v, %d bans, want the last read's ban, stale, read before the stall", src, len(last.Bans))
+		}
+	case "/rate_limit/denials":
+		src := last.Stores[0]
+		if src.Source != "fleet" || !src.Stale || src.ReadAt == nil || src.ReadAt.After(paused) {
+			t.Errorf("denials under a stalled Redis: %+v, want the fleet's last read, stale, read before the stall", src)
 		}
 	}
 }

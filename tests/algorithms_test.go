@@ -92,52 +92,7 @@ func TestLeakyBucketShapes(t *testing.T) {
 		}
 	}
 	respond "ok"`, redis))
-		type answer struct {
-			status int
-			delay  int
-			at     time.Duration
-		}
-		answers := make([]answer, 8)
-		start := time.Now()
-		var wg sync.WaitGroup
-		for i := range answers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := n.get("/", "X-Key: burst")
-				d, _ := strconv.Atoi(r.Header.Get("X-Ratelimit-Delay"))
-				answers[i] = answer{r.Status, d, time.Since(start)}
-			}()
-			time.Sleep(2 * time.Millisecond) // keep the arrival order
-		}
-		wg.Wait()
-		var delays []int
-		admitted := 0
-		for _, a := range answers {
-			switch a.status {
-			case 200:
-				admitted++
-				delays = append(delays, a.delay)
-				if a.at < time.Duration(a.delay)*time.Millisecond-5*time.Millisecond {
-					t.Errorf("a request told to wait %d ms was answered after %s", a.delay, a.at)
-				}
-			case 429:
-			default:
-				t.Errorf("status %d", a.status)
-			}
-		}
-		// 0, 100, ..., 400 ms fit max_delay 450ms (minus the few ms between
-		// arrivals); the rest are denied.
-		if admitted != 5 {
-			t.Errorf("admitted %d of 8 (delays %v), want 5: waits of 0 to 400 ms", admitted, delays)
-		}
-		maxDelay := 0
-		for _, d := range delays {
-			maxDelay = max(maxDelay, d)
-		}
-		if maxDelay < 300 || maxDelay > 400 { // arrivals spread further on a busy machine
-			t.Errorf("longest delay %d ms (delays %v), want about 400", maxDelay, delays)
-		}
+		checkBurstShaped(t, n)
 
 		// A client that gives up while waiting is released.
 		time.Sleep(time.Second) // the queue drains
@@ -158,6 +113,59 @@ func TestLeakyBucketShapes(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
+}
+
+// checkBurstShaped sends 8 requests of one key 2 ms apart: 5 are admitted
+// with waits of 0 to 400 ms, none answered before its wait, and the rest
+// denied.
+func checkBurstShaped(t *testing.T, n *node) {
+	t.Helper()
+	type answer struct {
+		status int
+		delay  int
+		at     time.Duration
+	}
+	answers := make([]answer, 8)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := n.get("/", "X-Key: burst")
+			d, _ := strconv.Atoi(r.Header.Get("X-Ratelimit-Delay"))
+			answers[i] = answer{r.Status, d, time.Since(start)}
+		}()
+		time.Sleep(2 * time.Millisecond) // keep the arrival order
+	}
+	wg.Wait()
+	var delays []int
+	admitted := 0
+	for _, a := range answers {
+		switch a.status {
+		case 200:
+			admitted++
+			delays = append(delays, a.delay)
+			if a.at < time.Duration(a.delay)*time.Millisecond-5*time.Millisecond {
+				t.Errorf("a request told to wait %d ms was answered after %s", a.delay, a.at)
+			}
+		case 429:
+		default:
+			t.Errorf("status %d", a.status)
+		}
+	}
+	// 0, 100, ..., 400 ms fit max_delay 450ms (minus the few ms between
+	// arrivals); the rest are denied.
+	if admitted != 5 {
+		t.Errorf("admitted %d of 8 (delays %v), want 5: waits of 0 to 400 ms", admitted, delays)
+	}
+	maxDelay := 0
+	for _, d := range delays {
+		maxDelay = max(maxDelay, d)
+	}
+	if maxDelay < 300 || maxDelay > 400 { // arrivals spread further on a busy machine
+		t.Errorf("longest delay %d ms (delays %v), want about 400", maxDelay, delays)
+	}
 }
 
 // TestCaddyRatelimitForm runs mholt/caddy-ratelimit's Caddyfile unchanged:

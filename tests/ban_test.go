@@ -148,21 +148,7 @@ const banSite = `
 func TestBanFleet(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
-	site := fmt.Sprintf(banSite, digestSecret, r.Addr)
-	nodes := make([]*node, 3)
-	var wg sync.WaitGroup
-	for i := range nodes {
-		wg.Go(func() { nodes[i] = startCaddy(t, "", site) })
-	}
-	wg.Wait()
-	// Every node's store listens on the ban channel.
-	deadline := time.Now().Add(10 * time.Second)
-	for r.MustDo("PUBSUB", "NUMSUB", "rl:bans") != "rl:bans\n3" {
-		if time.Now().After(deadline) {
-			t.Fatalf("PUBSUB NUMSUB rl:bans = %q, want 3 subscribers", r.MustDo("PUBSUB", "NUMSUB", "rl:bans"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	nodes := startBanFleet(t, r)
 
 	// Five denials ban the key: the fifth answers "banned". (A zone with
 	// a ban keeps no bucket in the deny cache: every denial reaches Redis,
@@ -182,8 +168,47 @@ func TestBanFleet(t *testing.T) {
 		t.Errorf("the ban listed: %s\nwant zone short, %s's digest %s only, 5 denials, 3s", body, key, keyDigest(key))
 	}
 
-	// Until the ban ends every node answers 429 and the ban's time left,
-	// and asks Redis about once to learn the ban.
+	checkBanFromDenyCache(t, r, nodes, key, sent)
+
+	// After the ban: the bucket has long refilled, every node admits.
+	time.Sleep(time.Until(answered.Add(3*time.Second + 300*time.Millisecond)))
+	for i, n := range nodes {
+		if resp := n.get("/short", "X-Key: "+key); resp.Status != 200 {
+			t.Errorf("node %d after the ban: %d %q, want 200", i+1, resp.Status, resp.Body)
+		}
+		time.Sleep(20 * time.Millisecond) // two tokens back: the burst is 2
+	}
+	nodes[2].waitBans("no ban once it ended", func(l banList) bool { return len(l.Bans) == 0 })
+
+	checkBanLiftedOnEveryNode(t, r, nodes)
+}
+
+// startBanFleet starts three nodes of banSite on r, and waits until each
+// node's store listens on the ban channel.
+func startBanFleet(t *testing.T, r *redistest.Server) []*node {
+	t.Helper()
+	site := fmt.Sprintf(banSite, digestSecret, r.Addr)
+	nodes := make([]*node, 3)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() { nodes[i] = startCaddy(t, "", site) })
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.MustDo("PUBSUB", "NUMSUB", "rl:bans") != "rl:bans\n3" {
+		if time.Now().After(deadline) {
+			t.Fatalf("PUBSUB NUMSUB rl:bans = %q, want 3 subscribers", r.MustDo("PUBSUB", "NUMSUB", "rl:bans"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nodes
+}
+
+// checkBanFromDenyCache: until the ban of key (sent at sent) ends, every
+// node answers 429 and the ban's time left, and asks Redis about once to
+// learn the ban.
+func checkBanFromDenyCache(t *testing.T, r *redistest.Server, nodes []*node, key string, sent time.Time) {
+	t.Helper()
 	var calls [3]float64
 	for i, n := range nodes {
 		calls[i] = n.storeCalls()
@@ -219,19 +244,13 @@ func TestBanFleet(t *testing.T) {
 	if scripts > 6 {
 		t.Errorf("%d script calls in Redis during the ban, want at most 6", scripts)
 	}
+}
 
-	// After the ban: the bucket has long refilled, every node admits.
-	time.Sleep(time.Until(answered.Add(3*time.Second + 300*time.Millisecond)))
-	for i, n := range nodes {
-		if resp := n.get("/short", "X-Key: "+key); resp.Status != 200 {
-			t.Errorf("node %d after the ban: %d %q, want 200", i+1, resp.Status, resp.Body)
-		}
-		time.Sleep(20 * time.Millisecond) // two tokens back: the burst is 2
-	}
-	nodes[2].waitBans("no ban once it ended", func(l banList) bool { return len(l.Bans) == 0 })
-
-	// A ban of an hour, lifted by its digest on node 1: no node answers it
-	// banned any more.
+// checkBanLiftedOnEveryNode: a ban of an hour, lifted by its digest on
+// node 1: no node answers it banned any more, and its keys are gone from
+// Redis.
+func checkBanLiftedOnEveryNode(t *testing.T, r *redistest.Server, nodes []*node) {
+	t.Helper()
 	const eve = "sk_live_eve"
 	banKey(t, nodes[1], "/long", eve)
 	for i, n := range nodes {

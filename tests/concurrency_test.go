@@ -327,15 +327,42 @@ func checkClientAborts(t *testing.T, up *slowUpstream, nodes []*localfleet.Node)
 		key    = "aborts"
 		aborts = 1000
 	)
+	abortRequests(t, up, nodes, key, aborts)
+	if t.Failed() {
+		return
+	}
+	waitSlotsFree(t, nodes, key, aborts)
+	// And limit requests are in the application at once, through
+	// every node, while one more is denied.
+	h := up.holdRequests(t, nodes, key, slotLimit, 10*time.Second)
+	defer h.release()
+	if h.arrived != slotLimit {
+		t.Fatalf("after the aborts only %d of %d requests at once reached the application (answers %v): slots leaked", h.arrived, slotLimit, h.answered)
+	}
+	status, hdr, err := getHeader(holdClient, nodes[len(nodes)-1].URL+"/", "X-Key: "+key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusTooManyRequests {
+		t.Errorf("with %d requests held, one more was answered %d, want 429", slotLimit, status)
+	} else if bad := checkSlotDenial(hdr); bad != "" {
+		t.Errorf("denial: %s", bad)
+	}
+}
+
+// abortRequests aborts aborts requests of key in the application, within
+// 2 minutes and with no 10 s without progress, from limit workers each
+// aborting its share one after the other: a request is canceled once the
+// application has it, and one denied because a slot was not back yet is
+// sent again.
+func abortRequests(t *testing.T, up *slowUpstream, nodes []*localfleet.Node, key string, aborts int) {
+	t.Helper()
 	var (
 		aborted, retried atomic.Int64
 		wg               sync.WaitGroup
 	)
 	deadline := time.Now().Add(2 * time.Minute)
 	start := time.Now()
-	// limit workers, each aborting its share one after the other: a
-	// request is canceled once the application has it, and one
-	// denied because a slot was not back yet is sent again.
 	for w := range slotLimit {
 		wg.Go(func() {
 			tr := &http.Transport{MaxIdleConnsPerHost: 1}
@@ -369,13 +396,13 @@ func checkClientAborts(t *testing.T, up *slowUpstream, nodes []*localfleet.Node)
 	wg.Wait()
 	t.Logf("%d requests aborted in the application in %s over %d node(s), %d denials sent again (a slot not back yet)",
 		aborted.Load(), time.Since(start).Round(time.Millisecond), len(nodes), retried.Load())
-	if t.Failed() {
-		return
-	}
+}
 
-	// Every slot comes back: releases are queued after each response,
-	// so wait (far less than the lease) for a fresh request to see
-	// limit - 1 free slots beside its own.
+// waitSlotsFree: every slot comes back. Releases are queued after each
+// response, so it waits (far less than the lease) for a fresh request to
+// see limit - 1 free slots beside its own.
+func waitSlotsFree(t *testing.T, nodes []*localfleet.Node, key string, aborts int) {
+	t.Helper()
 	var last string
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
@@ -397,22 +424,6 @@ func checkClientAborts(t *testing.T, up *slowUpstream, nodes []*localfleet.Node)
 		}
 	}
 	t.Logf("after the aborts a fresh request sees %s", last)
-	// And limit requests are in the application at once, through
-	// every node, while one more is denied.
-	h := up.holdRequests(t, nodes, key, slotLimit, 10*time.Second)
-	defer h.release()
-	if h.arrived != slotLimit {
-		t.Fatalf("after the aborts only %d of %d requests at once reached the application (answers %v): slots leaked", h.arrived, slotLimit, h.answered)
-	}
-	status, hdr, err := getHeader(holdClient, nodes[len(nodes)-1].URL+"/", "X-Key: "+key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if status != http.StatusTooManyRequests {
-		t.Errorf("with %d requests held, one more was answered %d, want 429", slotLimit, status)
-	} else if bad := checkSlotDenial(hdr); bad != "" {
-		t.Errorf("denial: %s", bad)
-	}
 }
 
 // abortOne sends a /hold request of key with X-Req id to the node at url,

@@ -124,65 +124,7 @@ func TestCostHeader(t *testing.T) {
 	t.Cleanup(srv.Close)
 	nodes := startFleet(t, 3, llmSite(redisBlock(r), strings.TrimPrefix(srv.URL, "http://")))
 
-	t.Run("debt", func(t *testing.T) {
-		var wg sync.WaitGroup
-		statuses := make([]int, len(nodes))
-		for i, n := range nodes {
-			wg.Go(func() {
-				resp, err := n.Do("GET", "/used?n=500", "X-Key: alice")
-				if err != nil {
-					t.Errorf("prompt through node %d: %v", i, err)
-					return
-				}
-				statuses[i] = resp.Status
-			})
-		}
-		wg.Wait()
-		if fmt.Sprint(statuses) != "[200 200 200]" {
-			t.Fatalf("three prompts at once: %v, want all admitted on their up-front cost", statuses)
-		}
-		settledAt := time.Now()
-		// The settlements go after the responses: wait for the third.
-		waitFor(t, 5*time.Second, "the three settlements", func() bool { return bucketPTTL(t, r, "alice") > 5000 })
-		owed, landed := bucketPTTL(t, r, "alice"), time.Since(settledAt)
-		resp, err := nodes[0].Do("GET", "/used?n=1", "X-Key: alice")
-		if err != nil {
-			t.Fatal(err)
-		}
-		deniedAt := time.Now()
-		retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		if resp.Status != http.StatusTooManyRequests || retry < 4 {
-			t.Fatalf("a prompt while the key owes %dms of refill: %d, Retry-After %q; want 429 and at least 4s", owed, resp.Status, resp.Header.Get("Retry-After"))
-		}
-		// Poll (each probe is denied, and costs nothing) until a prompt
-		// passes again.
-		var repaid time.Duration
-		var probes int
-		for range 200 {
-			n := nodes[probes%len(nodes)]
-			probes++
-			resp, err := n.Do("GET", "/used?n=1", "X-Key: alice")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if resp.Status == http.StatusOK {
-				repaid = time.Since(deniedAt)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Logf("cost_header debt: 3 prompts at cost 1 reported 500 each on 3 nodes; the bucket (burst 500, 250/s) owed %dms of refill (%d tokens) %v after the responses; "+
-			"the next prompt was denied with Retry-After %ds, and one passed again %v after it (%d probes)",
-			owed, owed*250/1000, landed.Round(time.Millisecond), retry, repaid.Round(time.Millisecond), probes)
-		switch {
-		case repaid == 0:
-			t.Fatal("no prompt passed within 200 probes: the debt was never repaid")
-		case repaid < 3*time.Second:
-			t.Errorf("a prompt passed %v after the denial: the debt of 1,000 tokens beyond the burst takes 4s to repay", repaid)
-		case repaid > time.Duration(retry)*time.Second+3*time.Second:
-			t.Errorf("a prompt passed only %v after a Retry-After of %ds", repaid, retry)
-		}
-	})
+	t.Run("debt", func(t *testing.T) { checkCostDebtRepaid(t, r, nodes) })
 
 	t.Run("trailer", func(t *testing.T) {
 		resp, err := nodes[1].Do("GET", "/stream?n=300", "X-Key: bob")
@@ -226,6 +168,70 @@ func TestCostHeader(t *testing.T) {
 	t.Logf("settlements charged across the nodes: %.0f, lost: %.0f", settled, lost)
 	if settled < 5 || lost != 0 {
 		t.Errorf("settlements charged %.0f (want at least 5: three prompts, a trailer, a header), lost %.0f (want 0)", settled, lost)
+	}
+}
+
+// checkCostDebtRepaid: three prompts at once, one per node, each admitted
+// on cost 1 and answered with X-Tokens-Used: 500, leave the key owing
+// 1,000 tokens beyond its burst; its next prompts are denied with a
+// Retry-After that counts the whole debt, until the refill has repaid it.
+func checkCostDebtRepaid(t *testing.T, r *redistest.Server, nodes []*localfleet.Node) {
+	var wg sync.WaitGroup
+	statuses := make([]int, len(nodes))
+	for i, n := range nodes {
+		wg.Go(func() {
+			resp, err := n.Do("GET", "/used?n=500", "X-Key: alice")
+			if err != nil {
+				t.Errorf("prompt through node %d: %v", i, err)
+				return
+			}
+			statuses[i] = resp.Status
+		})
+	}
+	wg.Wait()
+	if fmt.Sprint(statuses) != "[200 200 200]" {
+		t.Fatalf("three prompts at once: %v, want all admitted on their up-front cost", statuses)
+	}
+	settledAt := time.Now()
+	// The settlements go after the responses: wait for the third.
+	waitFor(t, 5*time.Second, "the three settlements", func() bool { return bucketPTTL(t, r, "alice") > 5000 })
+	owed, landed := bucketPTTL(t, r, "alice"), time.Since(settledAt)
+	resp, err := nodes[0].Do("GET", "/used?n=1", "X-Key: alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deniedAt := time.Now()
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.Status != http.StatusTooManyRequests || retry < 4 {
+		t.Fatalf("a prompt while the key owes %dms of refill: %d, Retry-After %q; want 429 and at least 4s", owed, resp.Status, resp.Header.Get("Retry-After"))
+	}
+	// Poll (each probe is denied, and costs nothing) until a prompt
+	// passes again.
+	var repaid time.Duration
+	var probes int
+	for range 200 {
+		n := nodes[probes%len(nodes)]
+		probes++
+		resp, err := n.Do("GET", "/used?n=1", "X-Key: alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status == http.StatusOK {
+			repaid = time.Since(deniedAt)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("cost_header debt: 3 prompts at cost 1 reported 500 each on 3 nodes; the bucket (burst 500, 250/s) owed %dms of refill (%d tokens) %v after the responses; "+
+		"the next prompt was denied with Retry-After %ds, and one passed again %v after it (%d probes)",
+		owed, owed*250/1000, landed.Round(time.Millisecond), retry, repaid.Round(time.Millisecond), probes)
+	switch {
+	case repaid == 0:
+		t.Fatal("no prompt passed within 200 probes: the debt was never repaid")
+	case repaid < 3*time.Second:
+		t.Errorf("a prompt passed %v after the denial: the debt of 1,000 tokens beyond the burst takes 4s to repay", repaid)
+	case repaid > time.Duration(retry)*time.Second+3*time.Second:
+		t.Errorf("a prompt passed only %v after a Retry-After of %ds", repaid, retry)
 	}
 }
 

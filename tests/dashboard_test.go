@@ -103,8 +103,74 @@ func TestDashboardInChromium(t *testing.T) {
 	respond "ok"`, r.Addr)
 	a, b := startCaddy(t, "", site), startCaddy(t, "", site)
 
-	// Load on both nodes until the test ends: "mallory" floods and is
-	// denied most, "eve" a little less, the others stay within the limit.
+	// Load on both nodes until the test ends.
+	loadDashboard(t, a, b)
+
+	// Caddy's admin endpoint refuses browser requests that carry neither
+	// Origin nor Referer, as a typed URL does, unless the empty origin is
+	// allowed: the configuration docs/observability.md gives for the dashboard.
+	a.allowAdminOrigins(a.Admin, "")
+
+	page, output := openPage(t, bin, "http://"+a.Admin+"/rate_limit/")
+
+	read := func() dashboardState { return readPage[dashboardState](t, page, output, readDashboard) }
+
+	first := waitForPage(t, "both zones with denials", 15*time.Second, read, func(s dashboardState) bool {
+		i, j := dashboardZone(s, "api"), dashboardZone(s, "login")
+		return s.Updates >= 1 && i >= 0 && j >= 0 && s.Zones[i].LocalSum > 0 && s.Zones[i].TopKey != ""
+	})
+	if !strings.HasPrefix(first.Status, "live") {
+		t.Errorf("status %q, want live", first.Status)
+	}
+	if len(first.Stores) != 1 || first.Stores[0].Name != "redis:"+r.Addr || first.Stores[0].Badge != "ok" {
+		t.Errorf("store panel %+v", first.Stores)
+	}
+	// Keys are digests unless log_key: mallory is denied most.
+	api := first.Zones[dashboardZone(first, "api")]
+	if api.TopKey != keyDigest("mallory") || len(api.Rows) < 2 {
+		t.Errorf("top denied in api: first %q (want mallory's digest %q), rows %q", api.TopKey, keyDigest("mallory"), api.Rows)
+	}
+
+	checkDashboardFollowsLoad(t, read, first)
+
+	saveDashboardScreenshot(t, page)
+}
+
+// checkDashboardFollowsLoad: seconds after first, the page has polled
+// about once a second, the chart has moved on and holds more denials, the
+// table's counts grew, and the fleet panel counts both nodes and their
+// denials.
+func checkDashboardFollowsLoad(t *testing.T, read func() dashboardState, first dashboardState) {
+	t.Helper()
+	api := first.Zones[dashboardZone(first, "api")]
+	time.Sleep(2500 * time.Millisecond)
+	later := waitForPage(t, "the fleet's denials from two nodes", 15*time.Second, read, func(s dashboardState) bool {
+		i := dashboardZone(s, "api")
+		return i >= 0 && s.Zones[i].FleetSum > 0 && strings.Contains(s.Zones[i].FleetTitle, "2 nodes")
+	})
+	api2 := later.Zones[dashboardZone(later, "api")]
+	if later.Updates < first.Updates+2 {
+		t.Errorf("%d updates, then %d 2.5 s later: the page does not poll every second", first.Updates, later.Updates)
+	}
+	if api2.LocalDenied == api.LocalDenied || api2.LocalEnd <= api.LocalEnd || api2.LocalSum <= api.LocalSum {
+		t.Errorf("the chart did not move: end %d -> %d, denied %d -> %d", api.LocalEnd, api2.LocalEnd, api.LocalSum, api2.LocalSum)
+	}
+	if api2.TopKey != api.TopKey || api2.TopCount == api.TopCount {
+		t.Errorf("the table did not update: %q %q -> %q %q", api.TopKey, api.TopCount, api2.TopKey, api2.TopCount)
+	}
+	// The fleet view lags a couple of seconds behind the node's own
+	// counts (each node reports the seconds that are complete): with two
+	// nodes under the same load it soon holds more than half of what this
+	// node alone counts.
+	waitForPage(t, "fleet denials above half of this node's", 10*time.Second, read, func(s dashboardState) bool {
+		i := dashboardZone(s, "api")
+		return i >= 0 && s.Zones[i].FleetSum > s.Zones[i].LocalSum/2
+	})
+}
+
+// loadDashboard loads both nodes until the test ends: "mallory" floods and
+// is denied most, "eve" a little less, the others stay within the limit.
+func loadDashboard(t *testing.T, a, b *node) {
 	ctx, stopLoad := context.WithTimeout(context.Background(), 10*time.Minute)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { stopLoad(); wg.Wait() })
@@ -133,67 +199,21 @@ func TestDashboardInChromium(t *testing.T) {
 			}
 		}()
 	}
+}
 
-	// Caddy's admin endpoint refuses browser requests that carry neither
-	// Origin nor Referer, as a typed URL does, unless the empty origin is
-	// allowed: the configuration docs/observability.md gives for the dashboard.
-	a.allowAdminOrigins(a.Admin, "")
-
-	page, output := openPage(t, bin, "http://"+a.Admin+"/rate_limit/")
-
-	read := func() dashboardState { return readPage[dashboardState](t, page, output, readDashboard) }
-	zone := func(s dashboardState, name string) int {
-		for i := range s.Zones {
-			if s.Zones[i].Name == name {
-				return i
-			}
+// dashboardZone is the index of the zone name in s, or -1.
+func dashboardZone(s dashboardState, name string) int {
+	for i := range s.Zones {
+		if s.Zones[i].Name == name {
+			return i
 		}
-		return -1
 	}
+	return -1
+}
 
-	first := waitForPage(t, "both zones with denials", 15*time.Second, read, func(s dashboardState) bool {
-		i, j := zone(s, "api"), zone(s, "login")
-		return s.Updates >= 1 && i >= 0 && j >= 0 && s.Zones[i].LocalSum > 0 && s.Zones[i].TopKey != ""
-	})
-	if !strings.HasPrefix(first.Status, "live") {
-		t.Errorf("status %q, want live", first.Status)
-	}
-	if len(first.Stores) != 1 || first.Stores[0].Name != "redis:"+r.Addr || first.Stores[0].Badge != "ok" {
-		t.Errorf("store panel %+v", first.Stores)
-	}
-	// Keys are digests unless log_key: mallory is denied most.
-	api := first.Zones[zone(first, "api")]
-	if api.TopKey != keyDigest("mallory") || len(api.Rows) < 2 {
-		t.Errorf("top denied in api: first %q (want mallory's digest %q), rows %q", api.TopKey, keyDigest("mallory"), api.Rows)
-	}
-
-	// Seconds later: the page has polled about once a second, the chart
-	// has moved on and holds more denials, the table's counts grew, and
-	// the fleet panel counts both nodes and their denials.
-	time.Sleep(2500 * time.Millisecond)
-	later := waitForPage(t, "the fleet's denials from two nodes", 15*time.Second, read, func(s dashboardState) bool {
-		i := zone(s, "api")
-		return i >= 0 && s.Zones[i].FleetSum > 0 && strings.Contains(s.Zones[i].FleetTitle, "2 nodes")
-	})
-	api2 := later.Zones[zone(later, "api")]
-	if later.Updates < first.Updates+2 {
-		t.Errorf("%d updates, then %d 2.5 s later: the page does not poll every second", first.Updates, later.Updates)
-	}
-	if api2.LocalDenied == api.LocalDenied || api2.LocalEnd <= api.LocalEnd || api2.LocalSum <= api.LocalSum {
-		t.Errorf("the chart did not move: end %d -> %d, denied %d -> %d", api.LocalEnd, api2.LocalEnd, api.LocalSum, api2.LocalSum)
-	}
-	if api2.TopKey != api.TopKey || api2.TopCount == api.TopCount {
-		t.Errorf("the table did not update: %q %q -> %q %q", api.TopKey, api.TopCount, api2.TopKey, api2.TopCount)
-	}
-	// The fleet view lags a couple of seconds behind the node's own
-	// counts (each node reports the seconds that are complete): with two
-	// nodes under the same load it soon holds more than half of what this
-	// node alone counts.
-	waitForPage(t, "fleet denials above half of this node's", 10*time.Second, read, func(s dashboardState) bool {
-		i := zone(s, "api")
-		return i >= 0 && s.Zones[i].FleetSum > s.Zones[i].LocalSum/2
-	})
-
+// saveDashboardScreenshot keeps a screenshot of page, after
+// FLEETLIMIT_DASHBOARD_SECONDS more of load if it is set.
+func saveDashboardScreenshot(t *testing.T, page context.Context) {
 	// FLEETLIMIT_DASHBOARD_SECONDS keeps the load and the page running
 	// longer before the screenshot, so that the charts fill up (how
 	// docs/dashboard.png is made).

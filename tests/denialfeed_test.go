@@ -119,6 +119,33 @@ func TestDenialFeedFleet(t *testing.T) {
 	if len(f.Stores) != 1 || f.Stores[0].Source != "fleet" || f.Stores[0].Error != "" {
 		t.Errorf("stores %+v, want the Redis store's fleet feed", f.Stores)
 	}
+	checkFeedNamesEachNode(t, f, ids, nodes)
+	if !sort.SliceIsSorted(f.Denials, func(i, j int) bool { return f.Denials[i].Time.After(f.Denials[j].Time) }) {
+		t.Errorf("not newest first:\n%s", body)
+	}
+	for _, secret := range []string{"sk_live_feed", `"client_ip":"127.0.0.1"`, "query-secret"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("the feed shows %q:\n%s", secret, body)
+		}
+	}
+	// Every node reads the same feed.
+	for i, nd := range nodes[1:] {
+		if f, _ := nd.denials("?zone=feed"); len(f.Denials) != 6 {
+			t.Errorf("node %d lists %d denials, want 6", i+2, len(f.Denials))
+		}
+	}
+	if one, _ := nodes[2].denials("?zone=feed&limit=1"); len(one.Denials) != 1 || one.Denials[0] != f.Denials[0] {
+		t.Errorf("limit=1: %+v, want the newest, %+v", one.Denials, f.Denials[:1])
+	}
+
+	checkFeedStream(t, r)
+}
+
+// checkFeedNamesEachNode: each denial of f names a node of the fleet
+// (ids maps a node id to its index in nodes), with its own key's digest
+// only, the client's network and no path, and all three nodes have theirs.
+func checkFeedNamesEachNode(t *testing.T, f denialFeed, ids map[string]int, nodes []*node) {
+	t.Helper()
 	perNode := map[string]int{}
 	for _, d := range f.Denials {
 		i, ok := ids[d.Node]
@@ -141,26 +168,12 @@ func TestDenialFeedFleet(t *testing.T) {
 	if len(perNode) != 3 {
 		t.Errorf("denials of %d nodes (%v), want all three", len(perNode), perNode)
 	}
-	if !sort.SliceIsSorted(f.Denials, func(i, j int) bool { return f.Denials[i].Time.After(f.Denials[j].Time) }) {
-		t.Errorf("not newest first:\n%s", body)
-	}
-	for _, secret := range []string{"sk_live_feed", `"client_ip":"127.0.0.1"`, "query-secret"} {
-		if strings.Contains(body, secret) {
-			t.Errorf("the feed shows %q:\n%s", secret, body)
-		}
-	}
-	// Every node reads the same feed.
-	for i, nd := range nodes[1:] {
-		if f, _ := nd.denials("?zone=feed"); len(f.Denials) != 6 {
-			t.Errorf("node %d lists %d denials, want 6", i+2, len(f.Denials))
-		}
-	}
-	if one, _ := nodes[2].denials("?zone=feed&limit=1"); len(one.Denials) != 1 || one.Denials[0] != f.Denials[0] {
-		t.Errorf("limit=1: %+v, want the newest, %+v", one.Denials, f.Denials[:1])
-	}
+}
 
-	// In Redis: one capped stream per zone, under the key prefix, with a
-	// TTL; the stream holds no key and no address either.
+// checkFeedStream: in Redis, one capped stream per zone, under the key
+// prefix, with a TTL; the stream holds no key and no address either.
+func checkFeedStream(t *testing.T, r *redistest.Server) {
+	t.Helper()
 	const stream = "rl:denials:{feed}:feed"
 	if n, _ := strconv.Atoi(r.MustDo("XLEN", stream)); n != 6 {
 		t.Errorf("XLEN %s = %d, want 6", stream, n)
@@ -266,7 +279,13 @@ func TestDenialFeedMemoryStore(t *testing.T) {
 	if z, _ := n.denials("?zone=feed_dry&limit=1"); len(z.Denials) != 1 || !z.Denials[0].DryRun {
 		t.Errorf("zone=feed_dry: %+v", z.Denials)
 	}
-	// The top denied networks, in the stats.
+	checkTopDeniedNetwork(t, n)
+}
+
+// checkTopDeniedNetwork: the stats' top denied networks of feed_memory
+// are 127.0.0.0/24, denied twice.
+func checkTopDeniedNetwork(t *testing.T, n *node) {
+	t.Helper()
 	var s struct {
 		Zones []struct {
 			Name        string `json:"name"`

@@ -9,16 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
-// TestFailurePolicies stops Redis and checks each zone's policy: deny
-// answers 503 with Retry-After, local enforces the node's share of the
-// limit, allow passes everything.
-func TestFailurePolicies(t *testing.T) {
-	t.Parallel()
-	r := redistest.Start(t)
-	n := startCaddy(t, "", fmt.Sprintf(`
+// failurePoliciesSite has a zone of each on_error policy and one of the
+// default, on the Redis at the address it is formatted with.
+const failurePoliciesSite = `
 	rate_limit {
 		redis {
 			address %s
@@ -57,7 +54,15 @@ func TestFailurePolicies(t *testing.T) {
 			}
 		}
 	}
-	respond "ok"`, r.Addr))
+	respond "ok"`
+
+// TestFailurePolicies stops Redis and checks each zone's policy: deny
+// answers 503 with Retry-After, local enforces the node's share of the
+// limit, allow passes everything.
+func TestFailurePolicies(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	n := startCaddy(t, "", fmt.Sprintf(failurePoliciesSite, r.Addr))
 	// With Redis up: one token for api, and it is spent.
 	if got := n.statuses(2, "/api", "X-User: u"); got[200] != 1 || got[429] != 1 {
 		t.Fatalf("redis up, api: %v", got)
@@ -135,6 +140,23 @@ func TestRedisHangBreaker(t *testing.T) {
 	}
 	r.Pause()
 	paused := time.Now()
+	lat := requestsWhilePaused(t, n, paused)
+	checkHangLatency(t, lat, timeout)
+	checkBreakerOpened(t, n, before, len(lat))
+
+	r.Resume()
+	waitExactLimitingBack(t, n)
+	// The state from before the hang is intact.
+	if resp := n.get("/", "X-Key: spent"); resp.Status != 429 {
+		t.Errorf("the bucket spent before the hang: %d, want 429", resp.Status)
+	}
+}
+
+// requestsWhilePaused sends requests of fresh keys from 8 workers for
+// 2 s after paused: each is admitted (fail open); it returns their
+// latencies, sorted.
+func requestsWhilePaused(t *testing.T, n *node, paused time.Time) []time.Duration {
+	t.Helper()
 	var mu sync.Mutex
 	var lat []time.Duration
 	var wg sync.WaitGroup
@@ -158,6 +180,13 @@ func TestRedisHangBreaker(t *testing.T) {
 	}
 	wg.Wait()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat
+}
+
+// checkHangLatency: the 99th percentile of lat is within the timeout,
+// half of it, and 20 ms.
+func checkHangLatency(t *testing.T, lat []time.Duration, timeout time.Duration) {
+	t.Helper()
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	slow := 0
 	for _, d := range lat {
@@ -176,9 +205,14 @@ func TestRedisHangBreaker(t *testing.T) {
 	if p := pct(0.99); p > bound {
 		t.Errorf("p99 latency %s with redis hung: above the timeout %s + 50%% + 20ms = %s", p, timeout, bound)
 	}
-	// The breaker opened: most decisions were refused by it at once, and
-	// only the few before it opened (and its probes) waited for the
-	// timeout. Read from the node's store error counts, not from timings.
+}
+
+// checkBreakerOpened: of the decisions made while Redis hung, most were
+// refused by the open breaker at once, and only the few before it opened
+// (and its probes) waited for the timeout. It reads the node's store
+// error counts since before, not timings.
+func checkBreakerOpened(t *testing.T, n *node, before localfleet.Metrics, decisions int) {
+	t.Helper()
 	after, err := n.Metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -187,11 +221,15 @@ func TestRedisHangBreaker(t *testing.T) {
 	timeouts := after.Sum(storeErrors, "reason", "timeout") - before.Sum(storeErrors, "reason", "timeout")
 	refused := after.Sum(storeErrors, "reason", "breaker_open") - before.Sum(storeErrors, "reason", "breaker_open")
 	t.Logf("store errors while redis hung: %.0f timeouts, %.0f refused by the open breaker", timeouts, refused)
-	if refused == 0 || timeouts > float64(len(lat))/10 {
-		t.Errorf("%.0f of %d decisions waited for the timeout and %.0f were refused by the breaker: the breaker did not open", timeouts, len(lat), refused)
+	if refused == 0 || timeouts > float64(decisions)/10 {
+		t.Errorf("%.0f of %d decisions waited for the timeout and %.0f were refused by the breaker: the breaker did not open", timeouts, decisions, refused)
 	}
+}
 
-	r.Resume()
+// waitExactLimitingBack waits for exact limiting to come back once Redis
+// continues.
+func waitExactLimitingBack(t *testing.T, n *node) {
+	t.Helper()
 	resumed := time.Now()
 	// After the cooldown (1 s) and a probe, a fresh key is limited again:
 	// within 3 s, room for a busy machine; a breaker that never closed
@@ -210,10 +248,6 @@ func TestRedisHangBreaker(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("exact limiting back %s after redis continued (cooldown 1s)", time.Since(resumed).Round(time.Millisecond))
-	// The state from before the hang is intact.
-	if resp := n.get("/", "X-Key: spent"); resp.Status != 429 {
-		t.Errorf("the bucket spent before the hang: %d, want 429", resp.Status)
-	}
 }
 
 // TestRedisRestart stops and restarts Redis (losing data and the script

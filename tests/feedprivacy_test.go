@@ -63,38 +63,53 @@ func TestDenialFeedPathNeedsLogKey(t *testing.T) {
 				t.Errorf("the dashboard's feed lists no denial of zone reset:\n%s", site["/ops/denials"])
 			}
 			if !logKey {
-				if strings.Contains(body, token) {
-					t.Errorf("the admin API's feed shows the path's token:\n%s", body)
-				}
-				if strings.Contains(stream, token) {
-					t.Errorf("the Redis stream holds the path's token:\n%s", stream)
-				}
-				for p, b := range site {
-					if strings.Contains(b, token) {
-						t.Errorf("the dashboard's %s shows the path's token:\n%s", p, b)
-					}
-				}
-				for _, d := range f.Denials {
-					if d.Zone != "reset" || d.Path != "" || !strings.Contains(d.Route, "/reset/*") {
-						t.Errorf("denial %+v: want zone reset, no path, the route /reset/*", d)
-					}
-				}
-				if !strings.Contains(stream, "/reset/*") {
-					t.Errorf("the Redis stream does not name the route:\n%s", stream)
-				}
+				checkPathHidden(t, f, body, stream, site, token)
 				return
 			}
-			for _, d := range f.Denials {
-				if d.Path != "/reset/"+token {
-					t.Errorf("with log_key, denial %+v: want the path /reset/%s", d, token)
-				}
-			}
-			if !strings.Contains(stream, token) {
-				t.Errorf("with log_key the Redis stream does not hold the path:\n%s", stream)
-			}
-			if !strings.Contains(site["/ops/denials"], token) {
-				t.Errorf("with log_key the dashboard's feed does not show the path:\n%s", site["/ops/denials"])
-			}
+			checkPathShown(t, f, stream, site, token)
 		})
+	}
+}
+
+// checkPathHidden: without log_key, the token in the path shows in none
+// of the admin API's feed body, the Redis stream and the dashboard's
+// pages in site, and each denial names its zone and route instead.
+func checkPathHidden(t *testing.T, f denialFeed, body, stream string, site map[string]string, token string) {
+	t.Helper()
+	if strings.Contains(body, token) {
+		t.Errorf("the admin API's feed shows the path's token:\n%s", body)
+	}
+	if strings.Contains(stream, token) {
+		t.Errorf("the Redis stream holds the path's token:\n%s", stream)
+	}
+	for p, b := range site {
+		if strings.Contains(b, token) {
+			t.Errorf("the dashboard's %s shows the path's token:\n%s", p, b)
+		}
+	}
+	for _, d := range f.Denials {
+		if d.Zone != "reset" || d.Path != "" || !strings.Contains(d.Route, "/reset/*") {
+			t.Errorf("denial %+v: want zone reset, no path, the route /reset/*", d)
+		}
+	}
+	if !strings.Contains(stream, "/reset/*") {
+		t.Errorf("the Redis stream does not name the route:\n%s", stream)
+	}
+}
+
+// checkPathShown: with log_key, the denials, the Redis stream and the
+// dashboard's feed show the path with its token.
+func checkPathShown(t *testing.T, f denialFeed, stream string, site map[string]string, token string) {
+	t.Helper()
+	for _, d := range f.Denials {
+		if d.Path != "/reset/"+token {
+			t.Errorf("with log_key, denial %+v: want the path /reset/%s", d, token)
+		}
+	}
+	if !strings.Contains(stream, token) {
+		t.Errorf("with log_key the Redis stream does not hold the path:\n%s", stream)
+	}
+	if !strings.Contains(site["/ops/denials"], token) {
+		t.Errorf("with log_key the dashboard's feed does not show the path:\n%s", site["/ops/denials"])
 	}
 }
