@@ -161,47 +161,15 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 	b := &localfleet.Bucket{Zone: "r", Key: "k", Rate: 60, Per: time.Second, Burst: 20}
 	targets := []*localfleet.Target{{Name: "k", Path: "/", Headers: []string{"X-Key: k"}, Cost: 1, Buckets: []*localfleet.Bucket{b}}}
 
-	var clients []int
-	var reloadErrs []error
-	rounds := 0
 	// The load runs until a second after the tenth round (a busy machine
 	// reloads slower than one round per 400 ms), 60 s at the most.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	rr := &reloadRounds{t: t, r: r, nodes: nodes, slow: slow, fast: fast, done: cancel}
 	rep := localfleet.Run(ctx, localfleet.Load{
-		Nodes: nodes, Targets: targets, Connections: 30, Duration: time.Minute,
-		During: func(elapsed time.Duration) {
-			// From 0.5 s on, a round every 400 ms: every node reloads at
-			// once, alternating the configurations; the last round (the
-			// tenth) leaves the fast one.
-			if rounds >= 10 || elapsed < 500*time.Millisecond+time.Duration(rounds)*400*time.Millisecond {
-				return
-			}
-			cfg := slow
-			if rounds%2 == 1 {
-				cfg = fast
-			}
-			var mu sync.Mutex
-			var wg sync.WaitGroup
-			for _, n := range nodes {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := n.Reload("", cfg); err != nil {
-						mu.Lock()
-						reloadErrs = append(reloadErrs, err)
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			rounds++
-			clients = append(clients, redisClients(t, r))
-			if rounds == 10 {
-				time.AfterFunc(time.Second, cancel)
-			}
-		},
+		Nodes: nodes, Targets: targets, Connections: 30, Duration: time.Minute, During: rr.during,
 	})
+	rounds, clients, reloadErrs := rr.rounds, rr.clients, rr.errs
 	for _, err := range reloadErrs {
 		t.Error(err)
 	}
@@ -217,23 +185,83 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 	for _, bad := range rep.Check() {
 		t.Error(bad)
 	}
+	checkPoolsReused(t, clients, len(nodes))
+	checkNewLimitGoverns(t, nodes, targets)
+}
+
+// reloadRounds reloads every node at once, a round every 400 ms from
+// 0.5 s on, alternating slow and fast; the last round (the tenth) leaves
+// the fast one, and a second later it calls done. After each round it
+// counts Redis' clients.
+type reloadRounds struct {
+	t          *testing.T
+	r          *redistest.Server
+	nodes      []*localfleet.Node
+	slow, fast string
+	done       func()
+	rounds     int
+	clients    []int   // Redis' clients after each round
+	errs       []error // of the reloads
+}
+
+// during is the load's During hook.
+func (rr *reloadRounds) during(elapsed time.Duration) {
+	if rr.rounds >= 10 || elapsed < 500*time.Millisecond+time.Duration(rr.rounds)*400*time.Millisecond {
+		return
+	}
+	cfg := rr.slow
+	if rr.rounds%2 == 1 {
+		cfg = rr.fast
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range rr.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.Reload("", cfg); err != nil {
+				mu.Lock()
+				rr.errs = append(rr.errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	rr.rounds++
+	rr.clients = append(rr.clients, redisClients(rr.t, rr.r))
+	if rr.rounds == 10 {
+		time.AfterFunc(time.Second, rr.done)
+	}
+}
+
+// checkPoolsReused: each node's pools open connections as the load needs
+// them and reloads reuse them, so Redis' clients after each round
+// (clients) level off.
+func checkPoolsReused(t *testing.T, clients []int, nodes int) {
+	t.Helper()
 	// Each node's pools open connections as the load needs them, up to
 	// 6 for pipelines and 6 for other commands (4 pipelines and 2 spare),
 	// and reloads reuse them: the count levels off while the pools warm
 	// up, and stays there. A reload that leaked its pool would add a
 	// node's connections every round.
 	for i, c := range clients {
-		if c > 12*len(nodes) {
-			t.Errorf("round %d: %d redis connections for %d nodes: pools were not reused across reloads", i+1, c, len(nodes))
+		if c > 12*nodes {
+			t.Errorf("round %d: %d redis connections for %d nodes: pools were not reused across reloads", i+1, c, nodes)
 		}
 	}
-	if len(clients) == 10 && clients[9] > clients[4]+len(nodes) {
+	if len(clients) == 10 && clients[9] > clients[4]+nodes {
 		t.Errorf("redis connections kept growing with the reloads: %v", clients)
 	}
+}
+
+// checkNewLimitGoverns: the last configuration (60 per second) governs
+// after the reloads.
+func checkNewLimitGoverns(t *testing.T, nodes []*localfleet.Node, targets []*localfleet.Target) {
+	t.Helper()
 	// The last configuration (60 per second) governs now: under full load
 	// for 2 s the fleet admits about 120, which 20 per second could not.
-	rep = localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: targets, Connections: 30, Duration: 2 * time.Second})
-	s = rep.Targets[targets[0]]
+	rep := localfleet.Run(context.Background(), localfleet.Load{Nodes: nodes, Targets: targets, Connections: 30, Duration: 2 * time.Second})
+	s := rep.Targets[targets[0]]
 	t.Logf("after the reloads (60/s): %d admitted in %s", s.Tokens, rep.Duration.Round(time.Millisecond))
 	for _, bad := range rep.Check() {
 		t.Error(bad)

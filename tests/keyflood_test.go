@@ -76,54 +76,11 @@ func runKeyFlood(t *testing.T, c floodCase, rssBound float64) *node {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	// The hot client: one request every 5 ms during the flood.
-	var hotAdmitted, hotDenied int
-	var lat []time.Duration
-	wg.Go(func() {
-		cl := &http.Client{Timeout: 10 * time.Second}
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			req, _ := http.NewRequest(http.MethodGet, n.URL+"/", nil)
-			req.Header.Set("X-Key", "hot")
-			t0 := time.Now()
-			resp, err := cl.Do(req)
-			if err != nil {
-				t.Errorf("hot client: %v", err)
-				return
-			}
-			resp.Body.Close()
-			lat = append(lat, time.Since(t0))
-			switch resp.StatusCode {
-			case 200:
-				hotAdmitted++
-			case 429:
-				hotDenied++
-			default:
-				t.Errorf("hot client: status %d", resp.StatusCode)
-			}
-		}
-	})
+	hot := &hotClient{}
+	wg.Go(func() { hot.run(t, n, stop) })
 	// Memory at each million keys.
 	rss := map[int]float64{}
-	wg.Go(func() {
-		next := 1_000_000
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if int(sent.Load()) >= next {
-				rss[next] = rssMB(t, n)
-				next += 1_000_000
-			}
-		}
-	})
+	wg.Go(func() { sampleRSS(t, n, &sent, stop, rss) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -143,13 +100,6 @@ func runKeyFlood(t *testing.T, c floodCase, rssBound float64) *node {
 		t.Errorf("flood answers %v: want every new key admitted (%d)", res.Status, c.keys)
 	}
 
-	slices.Sort(lat)
-	pct := func(p float64) time.Duration {
-		if len(lat) == 0 {
-			return 0
-		}
-		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
-	}
 	t.Logf("%d new keys in %s (%.0f/s); RSS %.1f MB before, %.1f MB after (%.0f B per flood key above before)",
 		c.keys, took.Round(time.Millisecond), float64(c.keys)/took.Seconds(), before, after, (after-before)*1e6/float64(c.keys))
 	for m := 1_000_000; m <= c.keys; m += 1_000_000 {
@@ -157,20 +107,90 @@ func runKeyFlood(t *testing.T, c floodCase, rssBound float64) *node {
 			t.Logf("RSS at %d keys: %.1f MB", m, v)
 		}
 	}
-	// The hot key's bound during the flood: what 100 per 24 h refills.
-	bound := 100 * took.Seconds() / 86400
-	t.Logf("hot key during the flood: %d requests, %d admitted (bound %.2f), %d denied; latency p50 %s, p99 %s, max %s",
-		len(lat), hotAdmitted, bound, hotDenied, pct(0.5), pct(0.99), pct(1))
-	if float64(hotAdmitted) > bound {
-		t.Errorf("the hot key was admitted %d times during the flood, bound %.2f: its bucket was lost", hotAdmitted, bound)
-	}
-	if len(lat) == 0 {
-		t.Error("the hot client sent nothing during the flood")
-	}
+	hot.check(t, took)
 	if grew := after - before; grew > rssBound {
 		t.Errorf("RSS grew %.1f MB during the flood, bound %.1f MB", grew, rssBound)
 	}
 	return n
+}
+
+// hotClient is a client of the hot key during a flood: what it was
+// answered, and how fast.
+type hotClient struct {
+	admitted, denied int
+	lat              []time.Duration
+}
+
+// run sends a request of the hot key every 5 ms until stop.
+func (h *hotClient) run(t *testing.T, n *node, stop <-chan struct{}) {
+	cl := &http.Client{Timeout: 10 * time.Second}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		req, _ := http.NewRequest(http.MethodGet, n.URL+"/", nil)
+		req.Header.Set("X-Key", "hot")
+		t0 := time.Now()
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Errorf("hot client: %v", err)
+			return
+		}
+		resp.Body.Close()
+		h.lat = append(h.lat, time.Since(t0))
+		switch resp.StatusCode {
+		case 200:
+			h.admitted++
+		case 429:
+			h.denied++
+		default:
+			t.Errorf("hot client: status %d", resp.StatusCode)
+		}
+	}
+}
+
+// check: during a flood that took took, the hot key was admitted no more
+// than 100 per 24 h refills, and it was sent requests.
+func (h *hotClient) check(t *testing.T, took time.Duration) {
+	t.Helper()
+	slices.Sort(h.lat)
+	pct := func(p float64) time.Duration {
+		if len(h.lat) == 0 {
+			return 0
+		}
+		return h.lat[min(len(h.lat)-1, int(p*float64(len(h.lat))))]
+	}
+	// The hot key's bound during the flood: what 100 per 24 h refills.
+	bound := 100 * took.Seconds() / 86400
+	t.Logf("hot key during the flood: %d requests, %d admitted (bound %.2f), %d denied; latency p50 %s, p99 %s, max %s",
+		len(h.lat), h.admitted, bound, h.denied, pct(0.5), pct(0.99), pct(1))
+	if float64(h.admitted) > bound {
+		t.Errorf("the hot key was admitted %d times during the flood, bound %.2f: its bucket was lost", h.admitted, bound)
+	}
+	if len(h.lat) == 0 {
+		t.Error("the hot client sent nothing during the flood")
+	}
+}
+
+// sampleRSS notes in rss the node's memory at each million keys sent,
+// until stop.
+func sampleRSS(t *testing.T, n *node, sent *atomic.Int64, stop <-chan struct{}, rss map[int]float64) {
+	next := 1_000_000
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if int(sent.Load()) >= next {
+			rss[next] = rssMB(t, n)
+			next += 1_000_000
+		}
+	}
 }
 
 // TestKeyFloodMemoryStore floods a node on the memory store with 1 million

@@ -88,28 +88,9 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 	const d = 10 * time.Second
 	stressRunning := startCPUStress(t, 2, d+20*time.Second)
 
-	var mu sync.Mutex
-	breakerSeen := make([]float64, len(nodes)) // the most the gauge read, per node
-	samples := 0
-	last := time.Duration(0)
+	bs := &breakerSampler{nodes: nodes, seen: make([]float64, len(nodes))}
 	rep := localfleet.Run(context.Background(), localfleet.Load{
-		Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: d,
-		During: func(elapsed time.Duration) {
-			if elapsed-last < 500*time.Millisecond {
-				return
-			}
-			last = elapsed
-			for i, n := range nodes {
-				m, err := n.Metrics()
-				if err != nil {
-					continue // a starved node's admin endpoint may be slow; the end scrape is what counts
-				}
-				mu.Lock()
-				breakerSeen[i] = max(breakerSeen[i], m.Sum("caddy_rate_limit_breaker_open"))
-				mu.Unlock()
-			}
-			samples++
-		},
+		Nodes: nodes, Targets: sc.Targets, Connections: 60, Duration: d, During: bs.during,
 	})
 	stressed := stressRunning()
 	after := scrapeAll(t, nodes)
@@ -123,6 +104,53 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 		t.Errorf("stress-ng ended before the load did: the run was not under stress")
 	}
 
+	checkAdmittedWithinBound(t, rep)
+	reasons := logFallbacks(t, before, after, bs)
+	// Redis answered throughout: the breaker must not have opened. The
+	// gauge is sampled (it could open and close between samples), so
+	// decisions refused by an open breaker are the complete record.
+	if n := reasons["breaker_open"]; n > 0 {
+		t.Errorf("%.0f decisions were refused by an open circuit breaker while Redis answered", n)
+	}
+	for i, v := range bs.seen {
+		if v > 0 || after[i].Sum("caddy_rate_limit_breaker_open") > 0 {
+			t.Errorf("node %d: the circuit breaker opened while Redis answered", i+1)
+		}
+	}
+}
+
+// breakerSampler reads each node's breaker gauge every 500 ms of a load,
+// and keeps the most it read per node.
+type breakerSampler struct {
+	nodes   []*localfleet.Node
+	mu      sync.Mutex
+	seen    []float64 // the most the gauge read, per node
+	samples int
+	last    time.Duration
+}
+
+// during is the load's During hook.
+func (bs *breakerSampler) during(elapsed time.Duration) {
+	if elapsed-bs.last < 500*time.Millisecond {
+		return
+	}
+	bs.last = elapsed
+	for i, n := range bs.nodes {
+		m, err := n.Metrics()
+		if err != nil {
+			continue // a starved node's admin endpoint may be slow; the end scrape is what counts
+		}
+		bs.mu.Lock()
+		bs.seen[i] = max(bs.seen[i], m.Sum("caddy_rate_limit_breaker_open"))
+		bs.mu.Unlock()
+	}
+	bs.samples++
+}
+
+// checkAdmittedWithinBound: every bucket admitted, failed-open requests
+// included, within 1% of its exact bound, and no target had errors.
+func checkAdmittedWithinBound(t *testing.T, rep *localfleet.Report) {
+	t.Helper()
 	// Admitted per bucket: the requests admitted with rate limit fields,
 	// and those that passed because the store failed (the default policy
 	// lets them through, so they count against the bound like any other).
@@ -150,6 +178,13 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 	}
 	t.Logf("worst admitted/bound ratio: %.4f", worst)
 
+}
+
+// logFallbacks logs the fallbacks the nodes took, from their metrics, and
+// returns the store errors by reason, all nodes together.
+func logFallbacks(t *testing.T, before, after []localfleet.Metrics, bs *breakerSampler) map[string]float64 {
+	t.Helper()
+	nodes := bs.nodes
 	// The fallbacks the nodes took, from their metrics: decisions by
 	// outcome other than allowed/denied, and store errors by reason.
 	const decisions, storeErrors = "caddy_rate_limit_decisions_total", "caddy_rate_limit_store_errors_total"
@@ -162,20 +197,10 @@ func TestFleetExactnessUnderCPUStress(t *testing.T) {
 		e := delta(before[i:i+1], after[i:i+1], "reason", storeErrors)
 		t.Logf("node %d: failed_open %.0f, local_allowed %.0f, local_denied %.0f, failed_closed %.0f; store errors %s; breaker gauge at most %.0f in %d samples, %.0f at the end",
 			i+1, o["failed_open"], o["local_allowed"], o["local_denied"], o["failed_closed"], formatCounts(e),
-			breakerSeen[i], samples, after[i].Sum("caddy_rate_limit_breaker_open"))
+			bs.seen[i], bs.samples, after[i].Sum("caddy_rate_limit_breaker_open"))
 	}
 
-	// Redis answered throughout: the breaker must not have opened. The
-	// gauge is sampled (it could open and close between samples), so
-	// decisions refused by an open breaker are the complete record.
-	if n := reasons["breaker_open"]; n > 0 {
-		t.Errorf("%.0f decisions were refused by an open circuit breaker while Redis answered", n)
-	}
-	for i, v := range breakerSeen {
-		if v > 0 || after[i].Sum("caddy_rate_limit_breaker_open") > 0 {
-			t.Errorf("node %d: the circuit breaker opened while Redis answered", i+1)
-		}
-	}
+	return reasons
 }
 
 // scrapeAll reads every node's metrics.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
 )
 
@@ -104,53 +105,7 @@ func TestPriority(t *testing.T) {
 	}
 	respond "ok"`, redisBlock(r), rate, burst))
 
-	critical, bulk := newClassCount(), newClassCount()
-	var mu sync.Mutex // guards critical and bulk
-	ctx, cancel := context.WithTimeout(context.Background(), duration)
-	defer cancel()
-	var wg sync.WaitGroup
-	start := time.Now() // before the first request
-
-	// Bulk: connections spread over the nodes, each sending as fast as
-	// answers come back.
-	for c := range bulkConns {
-		wg.Go(func() {
-			tr := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}
-			defer tr.CloseIdleConnections()
-			cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-			url := nodes[c%len(nodes)].URL + "/bulk"
-			for ctx.Err() == nil {
-				status, limited, err := getLimited(context.Background(), cl, url)
-				mu.Lock()
-				bulk.add(status, limited, err, time.Since(start))
-				mu.Unlock()
-			}
-		})
-	}
-
-	// Critical: one request every 25 ms, round robin over the nodes,
-	// each on its own goroutine so that a slow answer does not hold
-	// back the next one.
-	crTransport := &http.Transport{MaxIdleConnsPerHost: 32}
-	defer crTransport.CloseIdleConnections()
-	crClient := &http.Client{Transport: crTransport, Timeout: 10 * time.Second}
-	tick := time.NewTicker(time.Second / criticalRate)
-	for i := 0; ctx.Err() == nil; i++ {
-		url := nodes[i%len(nodes)].URL + "/critical"
-		wg.Go(func() {
-			status, limited, err := getLimited(context.Background(), crClient, url)
-			mu.Lock()
-			critical.add(status, limited, err, time.Since(start))
-			mu.Unlock()
-		})
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-		}
-	}
-	tick.Stop()
-	wg.Wait()
-	elapsed := time.Since(start) // after the last answer
+	critical, bulk, elapsed := runPriorityLoad(nodes, criticalRate, bulkConns, duration)
 
 	total := critical.admitted + bulk.admitted
 	bound := burst + rate*elapsed.Seconds()
@@ -194,4 +149,59 @@ func TestPriority(t *testing.T) {
 	if float64(total) < 0.9*rate*elapsed.Seconds() {
 		t.Errorf("admitted only %d in all in %s: the zone (%d/s) was not saturated", total, elapsed, rate)
 	}
+}
+
+// runPriorityLoad floods /bulk from bulkConns connections spread over
+// nodes and sends criticalRate requests per second to /critical, for
+// duration; it returns what happened to each class and how long it took
+// until the last answer.
+func runPriorityLoad(nodes []*localfleet.Node, criticalRate, bulkConns int, duration time.Duration) (critical, bulk *classCount, elapsed time.Duration) {
+	critical, bulk = newClassCount(), newClassCount()
+	var mu sync.Mutex // guards critical and bulk
+	ctx, cancel := context.WithTimeout(context.Background(), duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	start := time.Now() // before the first request
+
+	// Bulk: connections spread over the nodes, each sending as fast as
+	// answers come back.
+	for c := range bulkConns {
+		wg.Go(func() {
+			tr := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}
+			defer tr.CloseIdleConnections()
+			cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+			url := nodes[c%len(nodes)].URL + "/bulk"
+			for ctx.Err() == nil {
+				status, limited, err := getLimited(context.Background(), cl, url)
+				mu.Lock()
+				bulk.add(status, limited, err, time.Since(start))
+				mu.Unlock()
+			}
+		})
+	}
+
+	// Critical: one request every 25 ms, round robin over the nodes,
+	// each on its own goroutine so that a slow answer does not hold
+	// back the next one.
+	crTransport := &http.Transport{MaxIdleConnsPerHost: 32}
+	defer crTransport.CloseIdleConnections()
+	crClient := &http.Client{Transport: crTransport, Timeout: 10 * time.Second}
+	tick := time.NewTicker(time.Second / time.Duration(criticalRate))
+	for i := 0; ctx.Err() == nil; i++ {
+		url := nodes[i%len(nodes)].URL + "/critical"
+		wg.Go(func() {
+			status, limited, err := getLimited(context.Background(), crClient, url)
+			mu.Lock()
+			critical.add(status, limited, err, time.Since(start))
+			mu.Unlock()
+		})
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	elapsed = time.Since(start) // after the last answer
+	return critical, bulk, elapsed
 }

@@ -64,6 +64,27 @@ func TestRLSObserved(t *testing.T) {
 		t.Errorf("stats of %s: rate %d, totals %v, want 2 per hour, 2 allowed and 1 denied", zone, z.Rate, z.Totals)
 	}
 
+	checkRLSDenialInFeed(t, n, zone, ip)
+	checkDetailedMetric(t, n, client)
+
+	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
+	if st != 200 {
+		t.Fatalf("key lookup: %d %s", st, body)
+	}
+	var l keyLookup
+	if err := json.Unmarshal([]byte(body), &l); err != nil {
+		t.Fatalf("key lookup: %v\n%s", err, body)
+	}
+	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 2 || l.Keys[0].Rules[0].Remaining != 0 {
+		t.Fatalf("key lookup of the descriptor: %s, want its bucket at 2 per hour with none left", body)
+	}
+}
+
+// checkRLSDenialInFeed: the feed lists the call's denial in zone with the
+// call's method and domain, the rule as its route, and only a digest of
+// the key, never ip.
+func checkRLSDenialInFeed(t *testing.T, n *node, zone, ip string) {
+	t.Helper()
 	f, body := n.waitDenials("the call's denial", "", 5*time.Second, func(f denialFeed) bool {
 		for _, d := range f.Denials {
 			if d.Zone == zone {
@@ -81,8 +102,12 @@ func TestRLSObserved(t *testing.T) {
 			t.Errorf("the call's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address and only a digest of the key\n%s", d, body)
 		}
 	}
+}
 
-	// detailed_metric: a zone per value, 1000 at most (then the rule's).
+// checkDetailedMetric: a rule with detailed_metric has a zone per value,
+// 1000 at most, and counts the rest in its own.
+func checkDetailedMetric(t *testing.T, n *node, client rlsv3.RateLimitServiceClient) {
+	t.Helper()
 	detailed := func(user string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -100,7 +125,7 @@ func TestRLSObserved(t *testing.T) {
 	for i := range 1001 {
 		detailed(fmt.Sprint("u", i))
 	}
-	m = n.scrape()
+	m := n.scrape()
 	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_alice", "outcome", "allowed")
 	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_alice", "outcome", "denied")
 	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/detail.user_u998", "outcome", "allowed")
@@ -114,18 +139,6 @@ func TestRLSObserved(t *testing.T) {
 	}
 	if n1000 != 1000 {
 		t.Errorf("%d zones of detail.user's values, want the bound of 1000", n1000)
-	}
-
-	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
-	if st != 200 {
-		t.Fatalf("key lookup: %d %s", st, body)
-	}
-	var l keyLookup
-	if err := json.Unmarshal([]byte(body), &l); err != nil {
-		t.Fatalf("key lookup: %v\n%s", err, body)
-	}
-	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 2 || l.Keys[0].Rules[0].Remaining != 0 {
-		t.Fatalf("key lookup of the descriptor: %s, want its bucket at 2 per hour with none left", body)
 	}
 }
 
