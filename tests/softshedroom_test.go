@@ -35,34 +35,9 @@ func TestSoftShedRoomFairShare(t *testing.T) {
 
 	// Key a: its first 10 tokens pass at once; the next 5 wait 3 s (a
 	// token's refill), then 4 s each (the max delay), and fill the room.
-	for i := range 10 {
-		if r := n.get("/", "X-Key: a"); r.Status != 200 || r.Header.Get("X-Ratelimit-Delay") != "" {
-			t.Fatalf("key a, request %d: %d, delay %q; want 200 at once", i+1, r.Status, r.Header.Get("X-Ratelimit-Delay"))
-		}
-	}
-	type waited struct {
-		status int
-		took   time.Duration
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	done := make(chan waited, 5)
-	for range 5 {
-		go func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.URL+"/", nil)
-			req.Header.Set("X-Key", "a")
-			start := time.Now()
-			w := waited{status: -1}
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-				w.status = resp.StatusCode
-			}
-			w.took = time.Since(start)
-			done <- w
-		}()
-		time.Sleep(20 * time.Millisecond) // in order
-	}
-	waitFor(t, 5*time.Second, "key a to hold the whole room", func() bool { return roomWaiting(t, n) == 5 })
+	done := fillWaitingRoom(t, ctx, n, "a")
 
 	// Key b: within its burst, never denied because of key a.
 	for i := range 10 {
@@ -82,7 +57,7 @@ func TestSoftShedRoomFairShare(t *testing.T) {
 
 	// Key b's place was taken back from key a: the request of key a whose
 	// wait would have ended first (3 s) is passed on at once.
-	var held []waited
+	var held []roomWait
 	select {
 	case w := <-done:
 		held = append(held, w)
@@ -110,7 +85,51 @@ func TestSoftShedRoomFairShare(t *testing.T) {
 		t.Errorf("key b's 11th request: X-RateLimit-Delay %q after %s; want about 3000 ms, waited",
 			r.Header.Get("X-Ratelimit-Delay"), time.Since(start))
 	}
-	// The other four requests of key a waited their whole delay.
+	checkOthersWaitedWholeDelay(t, held, done)
+	waitFor(t, 5*time.Second, "the room to empty", func() bool { return roomWaiting(t, n) == 0 })
+}
+
+// roomWait is how a request that waited in the room was answered, and
+// after how long (status -1: no answer).
+type roomWait struct {
+	status int
+	took   time.Duration
+}
+
+// fillWaitingRoom sends key's first 10 requests, which pass at once, then
+// 5 more in order that wait and fill the room (max_waiting 5); it returns
+// where the 5 report when answered.
+func fillWaitingRoom(t *testing.T, ctx context.Context, n *node, key string) <-chan roomWait {
+	t.Helper()
+	for i := range 10 {
+		if r := n.get("/", "X-Key: "+key); r.Status != 200 || r.Header.Get("X-Ratelimit-Delay") != "" {
+			t.Fatalf("key %s, request %d: %d, delay %q; want 200 at once", key, i+1, r.Status, r.Header.Get("X-Ratelimit-Delay"))
+		}
+	}
+	done := make(chan roomWait, 5)
+	for range 5 {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.URL+"/", nil)
+			req.Header.Set("X-Key", key)
+			start := time.Now()
+			w := roomWait{status: -1}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+				w.status = resp.StatusCode
+			}
+			w.took = time.Since(start)
+			done <- w
+		}()
+		time.Sleep(20 * time.Millisecond) // in order
+	}
+	waitFor(t, 5*time.Second, "key "+key+" to hold the whole room", func() bool { return roomWaiting(t, n) == 5 })
+	return done
+}
+
+// checkOthersWaitedWholeDelay: the other four requests of key a (the
+// first, cut short, is in held already) waited their whole delay.
+func checkOthersWaitedWholeDelay(t *testing.T, held []roomWait, done <-chan roomWait) {
+	t.Helper()
 	for range 4 {
 		held = append(held, <-done)
 	}
@@ -120,7 +139,6 @@ func TestSoftShedRoomFairShare(t *testing.T) {
 			break
 		}
 	}
-	waitFor(t, 5*time.Second, "the room to empty", func() bool { return roomWaiting(t, n) == 0 })
 }
 
 // roomWaiting returns how many requests wait in the node's only zone's

@@ -77,64 +77,12 @@ func TestTiers(t *testing.T) {
 // alternating over them.
 func checkTiers(t *testing.T, nodes []*localfleet.Node) {
 	t.Helper()
-	const extra = 10 // requests beyond the burst, each to be denied
-	type outcome struct {
-		admitted, denied int
-		elapsed          time.Duration
-	}
-	got := make([]outcome, len(tiers))
+	got := make([]tierOutcome, len(tiers))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i, tr := range tiers {
 		wg.Go(func() {
-			// Every request of the key at once, so that the whole burst
-			// is asked for well within one token's interval.
-			count := tr.burst + extra
-			resps := make([]localfleet.Response, count, count+2*len(nodes))
-			errs := make([]error, count, count+2*len(nodes))
-			var rw sync.WaitGroup
-			start := time.Now()
-			for j := range count {
-				rw.Go(func() {
-					resps[j], errs[j] = nodes[j%len(nodes)].Do(http.MethodGet, "/", "X-API-Key: "+tr.key)
-				})
-			}
-			rw.Wait()
-			// Then two more through each node, one by one: denials
-			// that a node's deny cache may answer on its own.
-			for j := range 2 * len(nodes) {
-				r, err := nodes[j%len(nodes)].Do(http.MethodGet, "/", "X-API-Key: "+tr.key)
-				resps, errs = append(resps, r), append(errs, err)
-			}
-			o := outcome{elapsed: time.Since(start)}
-			policy := fmt.Sprintf(`"api";q=%d;w=60`, tr.rate)
-			interval := 60 / tr.rate // seconds per token
-			for j, r := range resps {
-				if errs[j] != nil {
-					t.Errorf("%s request %d: %v", tr.key, j, errs[j])
-					continue
-				}
-				switch r.Status {
-				case http.StatusOK:
-					o.admitted++
-				case http.StatusTooManyRequests:
-					o.denied++
-					// The next token of this plan is at most one
-					// interval away.
-					if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > interval {
-						t.Errorf("%s request %d: Retry-After %q, want 1 to %d (the plan's interval)", tr.key, j, r.Header.Get("Retry-After"), interval)
-					}
-				default:
-					t.Errorf("%s request %d: status %d, body %q", tr.key, j, r.Status, r.Body)
-					continue
-				}
-				if v := r.Header.Get("X-Ratelimit-Limit"); v != strconv.Itoa(tr.rate) {
-					t.Errorf("%s request %d (status %d): X-RateLimit-Limit %q, want its plan's rate %d", tr.key, j, r.Status, v, tr.rate)
-				}
-				if v := r.Header.Get("Ratelimit-Policy"); v != policy {
-					t.Errorf("%s request %d (status %d): RateLimit-Policy %q, want %q", tr.key, j, r.Status, v, policy)
-				}
-			}
+			o := sendTierBurst(t, nodes, tr)
 			mu.Lock()
 			got[i] = o
 			mu.Unlock()
@@ -156,9 +104,75 @@ func checkTiers(t *testing.T, nodes []*localfleet.Node) {
 			t.Errorf("%s: %d admitted, want its plan's burst %d", tr.key, o.admitted, tr.burst)
 		}
 	}
+	checkInvalidPlans(t, nodes)
+}
 
-	// Invalid plans: the values never make a rule, and the request is a
-	// server error (not a denial, not a pass).
+// tierOutcome is what a tier's key was answered, and how long it took.
+type tierOutcome struct {
+	admitted, denied int
+	elapsed          time.Duration
+}
+
+// sendTierBurst sends tr's key its burst and 10 more at once, then two
+// more through each node one by one (denials that a node's deny cache may
+// answer on its own): every answer reports the plan's rate, and every
+// denial's Retry-After is within the plan's interval.
+func sendTierBurst(t *testing.T, nodes []*localfleet.Node, tr tier) tierOutcome {
+	const extra = 10 // requests beyond the burst, each to be denied
+	// Every request of the key at once, so that the whole burst is asked
+	// for well within one token's interval.
+	count := tr.burst + extra
+	resps := make([]localfleet.Response, count, count+2*len(nodes))
+	errs := make([]error, count, count+2*len(nodes))
+	var rw sync.WaitGroup
+	start := time.Now()
+	for j := range count {
+		rw.Go(func() {
+			resps[j], errs[j] = nodes[j%len(nodes)].Do(http.MethodGet, "/", "X-API-Key: "+tr.key)
+		})
+	}
+	rw.Wait()
+	for j := range 2 * len(nodes) {
+		r, err := nodes[j%len(nodes)].Do(http.MethodGet, "/", "X-API-Key: "+tr.key)
+		resps, errs = append(resps, r), append(errs, err)
+	}
+	o := tierOutcome{elapsed: time.Since(start)}
+	policy := fmt.Sprintf(`"api";q=%d;w=60`, tr.rate)
+	interval := 60 / tr.rate // seconds per token
+	for j, r := range resps {
+		if errs[j] != nil {
+			t.Errorf("%s request %d: %v", tr.key, j, errs[j])
+			continue
+		}
+		switch r.Status {
+		case http.StatusOK:
+			o.admitted++
+		case http.StatusTooManyRequests:
+			o.denied++
+			// The next token of this plan is at most one
+			// interval away.
+			if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 || ra > interval {
+				t.Errorf("%s request %d: Retry-After %q, want 1 to %d (the plan's interval)", tr.key, j, r.Header.Get("Retry-After"), interval)
+			}
+		default:
+			t.Errorf("%s request %d: status %d, body %q", tr.key, j, r.Status, r.Body)
+			continue
+		}
+		if v := r.Header.Get("X-Ratelimit-Limit"); v != strconv.Itoa(tr.rate) {
+			t.Errorf("%s request %d (status %d): X-RateLimit-Limit %q, want its plan's rate %d", tr.key, j, r.Status, v, tr.rate)
+		}
+		if v := r.Header.Get("Ratelimit-Policy"); v != policy {
+			t.Errorf("%s request %d (status %d): RateLimit-Policy %q, want %q", tr.key, j, r.Status, v, policy)
+		}
+	}
+	return o
+}
+
+// checkInvalidPlans: a plan whose values never make a rule is a server
+// error (not a denial, not a pass) on every node, and a valid tier is
+// unaffected.
+func checkInvalidPlans(t *testing.T, nodes []*localfleet.Node) {
+	t.Helper()
 	for _, key := range []string{"key-broken", "key-zero"} {
 		for i, n := range nodes {
 			r, err := n.Do(http.MethodGet, "/", "X-API-Key: "+key)

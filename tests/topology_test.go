@@ -136,36 +136,7 @@ func TestSentinelFailover(t *testing.T) {
 	if got := n.statuses(2, "/", "X-Key: before"); got[200] != 1 || got[429] != 1 {
 		t.Fatalf("before the failover: %v\n%s", got, n.log.String())
 	}
-	var mu sync.Mutex
-	statuses := map[int]int{}
-	var lastOK time.Time
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := n.Do("GET", "/", fmt.Sprintf("X-Key: during-%d-%d", w, i))
-				mu.Lock()
-				if err != nil {
-					statuses[-1]++
-				} else {
-					statuses[resp.Status]++
-					if resp.Status == 200 {
-						lastOK = time.Now()
-					}
-				}
-				mu.Unlock()
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
-	}
+	l := startFailoverLoad(n)
 	time.Sleep(300 * time.Millisecond)
 	old := st.KillMaster()
 	killed := time.Now()
@@ -174,22 +145,16 @@ func TestSentinelFailover(t *testing.T) {
 	// The limiter follows: fresh keys are admitted by the new master.
 	var followed time.Duration
 	for {
-		mu.Lock()
-		ok := lastOK.After(killed.Add(took))
-		mu.Unlock()
-		if ok {
+		if l.admittedAfter(killed.Add(took)) {
 			followed = time.Since(killed)
 			break
 		}
 		if time.Since(killed) > 15*time.Second {
-			close(stop)
-			wg.Wait()
-			t.Fatalf("the limiter did not follow the failover within 15 s: %v", statuses)
+			t.Fatalf("the limiter did not follow the failover within 15 s: %v", l.stop())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
+	statuses := l.stop()
 	t.Logf("limiter decided on the new master %s after the kill; statuses during the run: %v", followed.Round(time.Millisecond), statuses)
 	if statuses[-1] > 0 || statuses[500] > 0 || statuses[502] > 0 {
 		t.Errorf("requests failed outside the policy during the failover: %v", statuses)
@@ -201,6 +166,61 @@ func TestSentinelFailover(t *testing.T) {
 	if got := n.statuses(3, "/", "X-Key: after"); got[200] != 1 || got[429] != 2 {
 		t.Fatalf("after the failover: %v, want 1 admitted and 2 denied", got)
 	}
+}
+
+// failoverLoad sends requests of fresh keys from 4 workers, every 5 ms
+// each, and counts their statuses (-1: no answer).
+type failoverLoad struct {
+	mu       sync.Mutex
+	statuses map[int]int
+	lastOK   time.Time // of the last 200
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// startFailoverLoad starts the workers against n.
+func startFailoverLoad(n *node) *failoverLoad {
+	l := &failoverLoad{statuses: map[int]int{}, done: make(chan struct{})}
+	for w := range 4 {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-l.done:
+					return
+				default:
+				}
+				resp, err := n.Do("GET", "/", fmt.Sprintf("X-Key: during-%d-%d", w, i))
+				l.mu.Lock()
+				if err != nil {
+					l.statuses[-1]++
+				} else {
+					l.statuses[resp.Status]++
+					if resp.Status == 200 {
+						l.lastOK = time.Now()
+					}
+				}
+				l.mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+// admittedAfter reports whether a request was admitted after at.
+func (l *failoverLoad) admittedAfter(at time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastOK.After(at)
+}
+
+// stop stops the workers and returns the statuses they counted.
+func (l *failoverLoad) stop() map[int]int {
+	close(l.done)
+	l.wg.Wait()
+	return l.statuses
 }
 
 // TestRedisTLSAndACL limits through a TLS server that requires a client

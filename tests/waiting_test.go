@@ -56,27 +56,7 @@ func TestLeakyBucketWaitingRoom(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // in order, all within the first wait
 	}
 	// While two wait, the stats show them.
-	var q struct {
-		MaxDelay   string `json:"max_delay"`
-		MaxWaiting int64  `json:"max_waiting"`
-		Waiting    int64  `json:"waiting"`
-		TurnedAway uint64 `json:"turned_away"`
-	}
-	var doc struct {
-		Zones []struct {
-			Name  string          `json:"name"`
-			Queue json.RawMessage `json:"queue"`
-		} `json:"zones"`
-	}
-	if err := json.Unmarshal([]byte(n.adminGet("/rate_limit/stats")), &doc); err != nil || len(doc.Zones) != 1 {
-		t.Fatalf("stats: %v %+v", err, doc)
-	}
-	if err := json.Unmarshal(doc.Zones[0].Queue, &q); err != nil {
-		t.Fatalf("queue %s: %v", doc.Zones[0].Queue, err)
-	}
-	if q.MaxDelay != "5s" || q.MaxWaiting != 2 || q.Waiting != 2 || q.TurnedAway != 4 {
-		t.Errorf("the stats' queue while two wait: %+v, want max_delay 5s, max_waiting 2, 2 waiting, 4 turned away", q)
-	}
+	checkRoomInStats(t, n)
 	wg.Wait()
 	if got[200] != 2 || got[429] != 4 {
 		t.Fatalf("a burst of 6 behind a room of 2: %v, want two passed after their wait and four 429", got)
@@ -97,5 +77,32 @@ func TestLeakyBucketWaitingRoom(t *testing.T) {
 	}
 	if r.Status != 200 || err != nil || delay >= 1500 {
 		t.Fatalf("after the burst: %d, X-RateLimit-Delay %q ms: the requests turned away were charged", r.Status, r.Header.Get("X-Ratelimit-Delay"))
+	}
+}
+
+// checkRoomInStats: the stats' queue of the node's only zone shows the
+// room while two wait and four were turned away.
+func checkRoomInStats(t *testing.T, n *node) {
+	t.Helper()
+	var q struct {
+		MaxDelay   string `json:"max_delay"`
+		MaxWaiting int64  `json:"max_waiting"`
+		Waiting    int64  `json:"waiting"`
+		TurnedAway uint64 `json:"turned_away"`
+	}
+	var doc struct {
+		Zones []struct {
+			Name  string          `json:"name"`
+			Queue json.RawMessage `json:"queue"`
+		} `json:"zones"`
+	}
+	if err := json.Unmarshal([]byte(n.adminGet("/rate_limit/stats")), &doc); err != nil || len(doc.Zones) != 1 {
+		t.Fatalf("stats: %v %+v", err, doc)
+	}
+	if err := json.Unmarshal(doc.Zones[0].Queue, &q); err != nil {
+		t.Fatalf("queue %s: %v", doc.Zones[0].Queue, err)
+	}
+	if q.MaxDelay != "5s" || q.MaxWaiting != 2 || q.Waiting != 2 || q.TurnedAway != 4 {
+		t.Errorf("the stats' queue while two wait: %+v, want max_delay 5s, max_waiting 2, 2 waiting, 4 turned away", q)
 	}
 }
