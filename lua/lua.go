@@ -1,24 +1,7 @@
 // Package lua holds the Redis scripts that decide rate limits: one file per
-// algorithm, a prelude they share, and the two entry points, embedded into
-// the binary and assembled into the two scripts the limiter loads. The
-// outage barrier's small script (charged.lua) is loaded as it is written.
-//
-// An algorithm file has sections, each starting with a marker line:
-// "--@helpers" (local functions, placed once after the prelude), "--@check"
-// (decides one zone: reads key, the bucket's name, and ki, its index in
-// KEYS for the prelude's get and put, p1..p4, cost, aux (as sent), auxn
-// (aux as a number, 0 if it is none), rule (the rule's arguments) and now;
-// sets flag, r1, r2, r3, and r4, an admitted request's delay), "--@commit" (charges an admitted request: reads
-// the same and r1..r3, and may change what the reply reports from
-// reply[c + Z_FLAG] on), "--@refund" (gives a charge back) and "--@peek"
-// (reads what check reads, writing nothing; an algorithm whose check writes
-// nothing has none, and its check stands in). decide.lua, refund.lua and
-// peek.lua say where the sections go with "--@dispatch <section>":
-// each algorithm's section is inlined there in one if/elseif chain on the
-// zone's algorithm id. Nothing but the request's own work runs per call. A "--@unzone" line
-// is replaced by zone.lua, the decoding of a zone's argument. The .lua
-// files name the wire format's positions and values, never their numbers;
-// the assembled scripts hold the numbers.
+// algorithm, in sections that decide.lua, refund.lua and peek.lua inline, a
+// prelude they share, and the entry points, embedded and assembled into the
+// scripts the limiter loads (docs/design.md, "Inside lua").
 package lua
 
 import (

@@ -8,16 +8,9 @@ import (
 )
 
 // The decide and refund scripts' wire format, declared once: the limiter
-// builds a call's ARGV and reads its reply by these positions and values,
-// and the .lua files name them (ARG_CLOCK, R_FLAGS, …; see names). The
-// scripts are assembled with their values in place of the names (bind),
-// under a header that lists them. Positions count from 1, as Lua's tables do.
-//
-// ARGV holds, in order: the clock and the number of rules (ArgClock,
-// ArgRules); RuleArgs arguments per rule; one argument per zone of each
-// request (PackZone), or NoZones for a request of none; KindArgs
-// arguments per zone kind; and last the number of zone kinds. KEYS holds
-// the batch's buckets, each once.
+// builds ARGV and reads the reply by these positions and values, and the
+// .lua files name them (names), assembled with their values (bind)
+// (docs/design.md, "The wire format").
 
 // Positions in ARGV.
 const (

@@ -13,22 +13,10 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// The bans of repeat offenders (a zone's `ban`), as the stores' registries
-// list them (limiter.BanKeeper): for a Redis store the fleet's, for the
-// memory store this process's.
-//
-//	GET    /rate_limit/bans                the bans in force (?zone=NAME&limit=N)
-//	DELETE /rate_limit/bans/<zone>/<key>   lifts a ban across the fleet
-//	DELETE /rate_limit/bans?zone=Z&key=K   the same (the dashboard's form)
-//
-// A ban shows its key's digest, under the digest secret of the handler that
-// configured the zone, and the key itself only when that handler has
-// log_key. To lift a ban, name its key or its digest. A key is the raw
-// value a client sent (normalised as the zone normalises keys: its network
-// prefixes, then each key alternative's namespace) or a bucket key as the
-// registry lists it ("2,<value>" for a second alternative's value); it is
-// lifted whether or not the registry lists it. A digest can only be
-// matched against the digests of the keys the registry lists.
+// The bans API: GET /rate_limit/bans lists the bans of repeat offenders as
+// the stores' registries list them (limiter.BanKeeper), and DELETE lifts one
+// across the fleet, by its key or its digest (docs/design.md, "The bans
+// API").
 
 const (
 	// bansDefaultLimit is how many bans per zone and store the list shows

@@ -13,24 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The denial feed: nodes add a sample of the requests they deny to a capped
-// Redis stream per zone, so that any node can list what the whole fleet
-// denied lately. Like the fleet counters it is for people, not for limits:
-// it is written off the request path, and an entry lost to a Redis failure
-// costs nothing but a line in a list.
-//
-// Layout, under the store's key prefix (every zone's stream in one Cluster
-// hash tag, so that reading them all is one round trip to one node; no key
-// ends in "}", so none can be taken for a bucket):
-//
-//	<prefix>denials:{feed}:<zone>  stream of denials, trimmed to about
-//	                               DenialStreamLength entries; it expires
-//	                               DenialRetention after its last entry
-//
-// Each entry's fields: time (the node's clock, unix microseconds), zone,
-// key_digest, key and path (only from a node with log_key), route (the
-// zone's matchers, when it has any), method, host, client_ip (as the node recorded it: a network unless log_key), node, and
-// banned and dry_run ("1" when set). Its ID is Redis' time of the XADD.
+// The denial feed in Redis: nodes add a sample of the requests they deny to
+// a capped stream per zone, so that any node can list what the whole fleet
+// denied lately. The layout and an entry's fields are in docs/design.md,
+// "The denial streams in Redis".
 
 const (
 	// DenialStreamLength is about how many denials each zone's stream

@@ -13,24 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Fleet counters: every node adds its decision counts per zone, about once a
-// second, to per-second totals in Redis, so that any node can show what the
-// whole fleet decided. They are statistics, not limits: they are written off
-// the request path, and losing some to a Redis failure costs nothing but a
-// gap in a chart.
-//
-// Layout, under the store's key prefix (the zone in a Cluster hash tag, so a
-// zone's counters share one slot; no key ends in "}", so none can be taken
-// for a bucket):
-//
-//	<prefix>fleet:{<zone>}:<minute>  hash of "<second>:<outcome>" -> count,
-//	                                 for the minute starting at unix <minute>;
-//	                                 expires after FleetRetention
-//	<prefix>fleet:{<zone>}:nodes     sorted set of node ids scored by the
-//	                                 unix second of their last report
-//
-// Seconds are Redis' clock (TIME), like the buckets', so that nodes whose
-// clocks disagree still add into the same seconds.
+// Fleet counters: every node adds its decision counts per zone, about once
+// a second, to per-second totals in Redis, by Redis' clock, so that any node
+// can show what the whole fleet decided. The key layout is in
+// docs/design.md, "The fleet view in Redis".
 
 // FleetRetention is how long Redis keeps the fleet's per-second counts.
 const FleetRetention = 10 * time.Minute

@@ -7,16 +7,11 @@ import (
 	"time"
 )
 
-// The admin API never waits on a stalled Redis. Each of its reads of a
-// Redis store (the fleet's counts, the denial streams, the bans) goes
-// through a cachedRead: a read younger than its maxAge is reused, so that
-// several open dashboards cost Redis one read a second; an older one is
-// refreshed off the request, at most one refresh of a read in flight at a
-// time, and the request waits for it only until its deadline (the
-// request's start plus the store's timeout). When the refresh has not
-// answered by then, or failed, the request is answered with the last value
-// read, marked stale, with the time it was read; the refresh goes on, up
-// to its own timeout, and the next request gets its answer.
+// The admin API never waits on a stalled Redis: each of its reads of a
+// Redis store goes through a cachedRead, which reuses a fresh read and
+// answers with the last value read, marked stale, when a refresh does not
+// answer by the request's deadline (docs/design.md, "Reads that never wait
+// on a stalled Redis").
 
 // maxCachedReads bounds how many distinct reads (arguments: zones, limits)
 // a cachedRead keeps; the least recently asked for goes first.

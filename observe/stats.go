@@ -12,28 +12,10 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
-// The statistics behind the admin API: per zone, rolling
-// per-second counts of each outcome and the keys and client
-// networks denied most; per store, latency,
-// errors, the last denials and, for Redis, this node's clock
-// offset. All of it has a fixed size, whatever the traffic and
-// however many clients there are.
-//
-// Why process-wide registries: the admin API module is provisioned by
-// Caddy's admin server, separately from the http app and before it, so it
-// cannot reach the handlers of a configuration. Handlers therefore register
-// their stats here, by zone and by store, in caddy.UsagePools: each
-// Provision takes a reference (LoadOrNew) and the handler's Cleanup drops it
-// (Delete). A new configuration provisions before the old one is cleaned
-// up, so a zone that stays in the configuration keeps its counts (and its
-// charts) across reloads, and one that leaves it is dropped with the last
-// handler that had it: nothing leaks from one config load to the next.
-//
-// A zone's stats are keyed by its name and its store (zoneKey): handlers
-// with a zone of that name on the same store share its buckets, and share
-// its stats too, while a zone of the same name on another store (a site on
-// the memory store, another on Redis, or two Redis servers) has buckets,
-// and stats, of its own.
+// The statistics behind the admin API, registered by zone (zoneKey: its
+// name and its store) and by store in process-wide caddy.UsagePools, so
+// that the admin API reaches them and a zone's counts outlive a reload
+// (docs/design.md, "The statistics' registries").
 var (
 	zoneRegistry  = caddy.NewUsagePool() // zoneKey -> *zoneStats
 	storeRegistry = caddy.NewUsagePool() // store pool key -> *storeStats

@@ -7,24 +7,11 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/rls/config"
 )
 
-// Where a descriptor's bucket lives: the bucket (the limiter's zone name)
-// says whose rules count it, the client key whose bucket it is.
-//
-// A bucket name is "rls/<domain>/<unit>" ("rls/api/minute"), and
-// "/<algorithm>" after it for any algorithm but fixed_window: the
-// service's own namespace, since a rate_limit zone's name cannot hold a
-// slash, so that no descriptor can name a zone's bucket, nor a zone a
-// descriptor's. Rules of one domain and unit share the name as the
-// reference's counters do (its key has the domain, the entries and the
-// window, not the rule), so a request's own limit counts in the bucket
-// of the configuration's rule for the same entries.
-//
-// The client key is the descriptor's entries, "key=value" joined by "&"
-// (a share_threshold wildcard's pattern standing for the value, as the
-// reference counts), every byte outside a plain set escaped as %XX so
-// that no two entry lists give one key, and then bounded as HTTP keys are
-// (limiter.ClientKey): kept when short and plain, else hashed, so that a
-// hostile value can neither grow the store nor break the key.
+// Where a descriptor's bucket lives: the bucket (bucketName, in the
+// service's own "rls/" namespace) says whose rules count it, the client key
+// (clientKey, the escaped entries, bounded as limiter.ClientKey bounds HTTP
+// keys) whose bucket it is (docs/design.md, "A descriptor's bucket and
+// key").
 
 // bucketName returns the bucket name of a domain's rules of one unit and
 // algorithm.

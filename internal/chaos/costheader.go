@@ -14,18 +14,10 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
-// Costs known only after the response: some token bucket zones take
-// `cost_header X-Tokens-Used`, and the upstream reports in that field (the
-// header, or a trailer after the body) a cost of its own choosing for each
-// request: often more than the up-front cost, sometimes less, now and then
-// 2^63-1. The zone settles the difference after the response, at most its
-// burst. The bound then counts each request at its settled cost, with the
-// allowance that docs/policies.md names: a key's requests in flight at
-// once may each report up to a burst beyond their up-front cost before the
-// bucket, in debt, denies the key. A request whose trailer never came (its
-// client hung up first: KindHangUp) is charged the zone's abort cost; where
-// the upstream sends both a header and a trailer, the trailer's value is
-// the one charged.
+// Costs known only after the response: cost_header zones, and an upstream
+// that reports each request's cost in a header or a trailer; the bound
+// counts each request at its settled cost (docs/design.md, "Costs known
+// after the response").
 
 // costHeaderName is the field the upstream reports a request's real cost
 // in.

@@ -9,13 +9,6 @@
 // cost), no slot held by nobody, no banned key admitted, count_status
 // exact, no resource left behind by reloads, no unexpected 5xx.
 //
-// One concept per file: a Scenario is drawn (each feature from a stream
-// of its own, drawFeatures), written as a Caddyfile (Scenario.Site), run
-// against its Redis (startBackend), its application (startUpstream), its
-// clients (Scenario.load), its faults (injector), its key resets
-// (KeyReset, after which a key's bound starts again) and its client of
-// Envoy's rate limit service on zones of the site (RLSLoad), then checked
-// (checker: the exact bounds and allowances of bucketRule, bans, the soft
-// shed's rooms, exemptions, resources) and reported (Violation, Result).
-// Run is one scenario end to end.
+// Run is one scenario end to end; docs/design.md, "The invariant checker",
+// maps the rest.
 package chaos

@@ -14,19 +14,9 @@ import (
 	"github.com/fleetlimit/caddy-fleetlimit/internal/localfleet"
 )
 
-// Key resets: support resetting a client's key mid-run, through one node's
-// admin API (DELETE /rate_limit/keys/<zone>/<key>), which makes the key's
-// buckets of the zone full again on every node. The invariant adjusts:
-// from a reset on, the key's bound in the zone starts again (burst + rate
-// x the time since the reset), and every other bucket keeps its bound
-// (a reset that leaked to another key or zone would show there).
-//
-// A reset takes effect in Redis at some moment between the DELETE's
-// sending and its answer: a request whose decision may lie on either side
-// (sent before the answer, reaching the upstream after the sending) counts
-// in neither span. A node that prefetched spares of the key before the
-// reset may admit from them until the reset's message reaches it: the
-// allowance named "spares at the reset", the zone's prefetch per node.
+// Key resets mid-run, through one node's admin API: from a reset on, the
+// key's bound in the zone starts again, and every other bucket keeps its
+// own (docs/design.md, "Key resets").
 
 // KeyReset is a reset of a client's key in one zone during the load.
 type KeyReset struct {

@@ -8,19 +8,10 @@ import (
 	"time"
 )
 
-// The soft shed's waiting room: a soft-shedding zone holds the requests it
-// delays in a room of max_waiting places per node, shared by the zone's
-// keys. A key may hold only its fair part of it: a key within its burst is
-// delayed, not denied, because of another key's waiting. In half the
-// scenarios the checker adds a zone of its own for it, as an operator
-// would write one for a slow API (a low threshold, delays of up to
-// seconds, a room of 1 to 3 places) on a target of its own, and two
-// clients on it: a hog, whose workers fill the rooms, and a guest, one
-// request at a time, whose requests past the threshold each wait for a
-// place. It holds every request a soft shed's room turned away (the zone
-// had admitted it: its key was within its burst) to this: its key had
-// another request in flight at that node, which may have held a place. A
-// key that held none was turned away for other keys' sake.
+// The soft shed's waiting room: in half the scenarios a zone of its own, a
+// hog that fills its rooms and a guest; every request a room turned away
+// must have had another of its key in flight at that node (docs/design.md,
+// "The soft shed's waiting room").
 
 // The kinds of the clients of the soft shed's room.
 const (

@@ -9,24 +9,11 @@ import (
 	"time"
 )
 
-// Streamed answers, and a client that hangs up mid-stream: an LLM's answer
-// is a stream whose cost comes in a trailer, and a client that leaves once
-// it has what it wanted must still pay. The hang-up client asks for each
-// answer as a stream of a few chunks; on four requests in five it reads
-// the status and the first chunk and closes its connection, on one in ten
-// it reads the stream whole, and one in ten is a HEAD (no body, so no
-// trailer: the same case for a cost_header zone). Its status is one a
-// count_status zone of its targets counts: the status written is the
-// status, whoever leaves after it (docs/policies.md), so the bound counts
-// those requests as any other. A cost_header zone charges a request whose
-// trailer never came its abort charge.
-//
-// So that the checker knows for sure what the proxy saw, the upstream sends
-// nothing after the first chunk of a request whose client is to hang up
-// until its request ends (the proxy saw the client leave, and cancelled
-// it): such a stream ends without its trailer. If the proxy does not notice
-// within hangUpWait, the upstream ends the stream whole and records that
-// what the proxy made of it is unknown.
+// Streamed answers, and a client that hangs up mid-stream: a cost that
+// comes in a trailer must still be paid by a client that leaves. The
+// upstream holds a stream whose client is to hang up until the proxy
+// cancels it, so that the checker knows what the proxy saw (docs/design.md,
+// "Streamed answers and hang-ups").
 
 // KindHangUp is the client that hangs up mid-stream.
 const KindHangUp = "hangup"
