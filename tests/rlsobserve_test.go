@@ -44,9 +44,20 @@ func TestRLSObserved(t *testing.T) {
 	}
 	const zone = "rls/edge.remote_address"
 
+	wantRLSZone(t, n, zone, 2, 2, 1, ip)
+	checkRLSDenialInFeed(t, n, zone, "edge.remote_address", ip)
+	checkDetailedMetric(t, n, client)
+	wantRLSKey(t, n, zone, "remote_address="+ip, 2)
+}
+
+// wantRLSZone checks that zone shows in the node's metrics and stats with
+// a rate of rate per hour, allowed calls allowed and denied ones denied,
+// and that ip (a descriptor's value) is no metric label.
+func wantRLSZone(t *testing.T, n *node, zone string, rate int64, allowed, denied uint64, ip string) {
+	t.Helper()
 	m := n.scrape()
-	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "allowed")
-	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "denied")
+	wantMetric(t, m, float64(allowed), "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "allowed")
+	wantMetric(t, m, float64(denied), "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "denied")
 	for _, s := range m {
 		for name, v := range s.Labels {
 			if strings.Contains(v, ip) {
@@ -54,36 +65,34 @@ func TestRLSObserved(t *testing.T) {
 			}
 		}
 	}
-
 	s := n.stats("")
 	i := zoneIndex(s, zone)
 	if i < 0 {
 		t.Fatalf("no zone %s in the stats", zone)
 	}
-	if z := s.Zones[i]; z.Rate != 2 || z.Totals["allowed"] != 2 || z.Totals["denied"] != 1 {
-		t.Errorf("stats of %s: rate %d, totals %v, want 2 per hour, 2 allowed and 1 denied", zone, z.Rate, z.Totals)
+	if z := s.Zones[i]; z.Rate != rate || z.Totals["allowed"] != allowed || z.Totals["denied"] != denied {
+		t.Errorf("stats of %s: rate %d, totals %v, want %d per hour, %d allowed and %d denied", zone, z.Rate, z.Totals, rate, allowed, denied)
 	}
+}
 
-	checkRLSDenialInFeed(t, n, zone, ip)
-	checkDetailedMetric(t, n, client)
-
-	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
-	if st != 200 {
-		t.Fatalf("key lookup: %d %s", st, body)
-	}
+// wantRLSKey checks that the admin API's key lookup finds key in zone, in
+// one bucket at rate per hour with nothing left.
+func wantRLSKey(t *testing.T, n *node, zone, key string, rate int64) {
+	t.Helper()
+	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape(key))
 	var l keyLookup
-	if err := json.Unmarshal([]byte(body), &l); err != nil {
-		t.Fatalf("key lookup: %v\n%s", err, body)
+	if err := json.Unmarshal([]byte(body), &l); st != 200 || err != nil {
+		t.Fatalf("key lookup: %d %v\n%s", st, err, body)
 	}
-	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 2 || l.Keys[0].Rules[0].Remaining != 0 {
-		t.Fatalf("key lookup of the descriptor: %s, want its bucket at 2 per hour with none left", body)
+	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != rate || l.Keys[0].Rules[0].Remaining != 0 {
+		t.Fatalf("key lookup of %s in %s: %s, want its bucket at %d per hour with none left", key, zone, body, rate)
 	}
 }
 
 // checkRLSDenialInFeed: the feed lists the call's denial in zone with the
-// call's method and domain, the rule as its route, and only a digest of
-// the key, never ip.
-func checkRLSDenialInFeed(t *testing.T, n *node, zone, ip string) {
+// call's method and domain, route, and only a digest of the key, never
+// ip.
+func checkRLSDenialInFeed(t *testing.T, n *node, zone, route, ip string) {
 	t.Helper()
 	f, body := n.waitDenials("the call's denial", "", 5*time.Second, func(f denialFeed) bool {
 		for _, d := range f.Denials {
@@ -97,9 +106,9 @@ func checkRLSDenialInFeed(t *testing.T, n *node, zone, ip string) {
 		if d.Zone != zone {
 			continue
 		}
-		if d.Method != "ShouldRateLimit" || d.Host != "edge" || d.Route != "edge.remote_address" || d.KeyDigest == "" ||
+		if d.Method != "ShouldRateLimit" || d.Host != "edge" || d.Route != route || d.KeyDigest == "" ||
 			d.Key != "" || strings.Contains(body, ip) {
-			t.Errorf("the call's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address and only a digest of the key\n%s", d, body)
+			t.Errorf("the call's denial: %+v, want method ShouldRateLimit, host edge, route %s and only a digest of the key\n%s", d, route, body)
 		}
 	}
 }
@@ -169,46 +178,16 @@ func TestRLSObservedOverride(t *testing.T) {
 	if a, b, c := own("remote_address", ip), own("remote_address", ip), own("remote_address", "192.0.2.89"); a != "OK" || b != "OVER_LIMIT" || c != "OK" {
 		t.Fatalf("two addresses at their own 1 per hour: %s, %s, %s; want OK, OVER_LIMIT, OK", a, b, c)
 	}
-	m := n.scrape()
-	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "allowed")
-	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", zone, "outcome", "denied")
-	s := n.stats("")
-	if i := zoneIndex(s, zone); i < 0 {
-		t.Errorf("no zone %s in the stats", zone)
-	} else if z := s.Zones[i]; z.Rate != 1 || z.Totals["allowed"] != 2 || z.Totals["denied"] != 1 {
-		t.Errorf("stats of %s: rate %d, totals %v, want 1 per hour, 2 allowed and 1 denied", zone, z.Rate, z.Totals)
-	}
-	f, body := n.waitDenials("the override's denial", "", 5*time.Second, func(f denialFeed) bool {
-		for _, d := range f.Denials {
-			if d.Zone == zone {
-				return true
-			}
-		}
-		return false
-	})
-	for _, d := range f.Denials {
-		if d.Zone == zone && (d.Method != "ShouldRateLimit" || d.Host != "edge" || d.Route != "edge.remote_address/override" || d.Key != "") {
-			t.Errorf("the override's denial: %+v, want method ShouldRateLimit, host edge, route edge.remote_address/override and no key", d)
-		}
-	}
-	if strings.Contains(body, ip) {
-		t.Errorf("the denial feed shows the descriptor's value:\n%s", body)
-	}
-	st, body := n.adminDo(http.MethodGet, "/rate_limit/keys?zone="+url.QueryEscape(zone)+"&key="+url.QueryEscape("remote_address="+ip))
-	var l keyLookup
-	if err := json.Unmarshal([]byte(body), &l); st != 200 || err != nil {
-		t.Fatalf("key lookup: %d %v\n%s", st, err, body)
-	}
-	if len(l.Keys) != 1 || len(l.Keys[0].Rules) != 1 || l.Keys[0].Rules[0].Rate != 1 || l.Keys[0].Rules[0].Remaining != 0 {
-		t.Fatalf("key lookup of the override: %s, want its bucket at 1 per hour with none left", body)
-	}
+	wantRLSZone(t, n, zone, 1, 2, 1, ip)
+	checkRLSDenialInFeed(t, n, zone, "edge.remote_address/override", ip)
+	wantRLSKey(t, n, zone, "remote_address="+ip, 1)
 
 	// A zone per descriptor's keys, 1000 at most (less the one above),
 	// then the domain's.
 	for i := range 1001 {
 		own(fmt.Sprint("k", i), "v")
 	}
-	m = n.scrape()
+	m := n.scrape()
 	wantMetric(t, m, 1, "caddy_rate_limit_decisions_total", "zone", "rls/edge.k998/override", "outcome", "allowed")
 	wantMetric(t, m, 2, "caddy_rate_limit_decisions_total", "zone", "rls/edge/override", "outcome", "allowed")
 	made := 0
