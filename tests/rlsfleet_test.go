@@ -237,9 +237,10 @@ func rlsFleetLoad(clients []rlsv3.RateLimitServiceClient, callers, windows int) 
 					if mine.firstErr == "" {
 						mine.firstErr = err.Error()
 					}
-				case resp.Statuses[1].LimitRemaining == 0:
+				case resp.Statuses[1].Code == rlsv3.RateLimitResponse_OVER_LIMIT:
 					// The tally is far from its limit: the call was
-					// answered by the policy, not by Redis.
+					// answered by the policy, not by Redis. (A node's
+					// deny cache leaves the tally OK, unasked: a denial.)
 					mine.policy++
 				case resp.OverallCode == rlsv3.RateLimitResponse_OK:
 					mine.ok++
