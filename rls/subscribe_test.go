@@ -129,6 +129,18 @@ func xdsApp(t *testing.T, addr string, tls *XDSTLS) *App {
 	})
 }
 
+// subscribed starts a management server whose version 1 is mesh's rule
+// of limit per hour, and the app subscribed to it, and returns the server
+// and an emulator of the app once that rule decides.
+func subscribed(t *testing.T, limit uint32) (*managementServer, *envoy) {
+	t.Helper()
+	m := startManagementServer(t, "127.0.0.1:0")
+	m.set("1", meshLimit(limit))
+	e := patientEnvoy(t, xdsApp(t, m.addr, nil).addr(0))
+	waitLimit(t, e, limit)
+	return m, e
+}
+
 // limitOf returns the limit per hour that decides a user's call to mesh,
 // without charging it; 0 when no rule does.
 func limitOf(e *envoy, user string) uint32 {
@@ -153,11 +165,7 @@ func waitLimit(t *testing.T, e *envoy, want uint32) {
 // go on deciding, and a server that restarts (counting its versions anew)
 // is found again.
 func TestXDSSubscription(t *testing.T) {
-	m := startManagementServer(t, "127.0.0.1:0")
-	m.set("1", meshLimit(2))
-	a := xdsApp(t, m.addr, nil)
-	e := patientEnvoy(t, a.addr(0))
-	waitLimit(t, e, 2)
+	m, e := subscribed(t, 2)
 	if ack := m.answer("1", false); ack.GetTypeUrl() != resource.RateLimitConfigType {
 		t.Fatalf("ACK of type %q", ack.GetTypeUrl())
 	}
@@ -225,11 +233,7 @@ func TestXDSSubscription(t *testing.T) {
 // at most once per backoff_initial (20ms here), not in a busy loop (it
 // was 2,133 NACKs a second), and takes the fixed version that follows.
 func TestXDSRefusalPaced(t *testing.T) {
-	m := startManagementServer(t, "127.0.0.1:0")
-	m.set("1", meshLimit(2))
-	a := xdsApp(t, m.addr, nil)
-	e := patientEnvoy(t, a.addr(0))
-	waitLimit(t, e, 2)
+	m, e := subscribed(t, 2)
 	m.set("2", &rlsconf.RateLimitConfig{Name: "broken"})
 	m.answer("2", true)
 	time.Sleep(time.Second)

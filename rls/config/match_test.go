@@ -33,8 +33,8 @@ func ents(kv ...string) []Entry {
 	return es
 }
 
-// matchCase is a descriptor and the rule it should find: its full key, or
-// "" for none.
+// matchCase is a descriptor and what its match should give: the rule's
+// full key ("" for none) for runMatches, its metric key for runMetricKeys.
 type matchCase struct {
 	name    string
 	domain  string

@@ -5,15 +5,8 @@ import (
 	"testing"
 )
 
-// metricCase is a descriptor and the metric key of its match.
-type metricCase struct {
-	name    string
-	domain  string
-	entries []Entry
-	want    string
-}
-
-func runMetricKeys(t *testing.T, cfg *Config, cases []metricCase) {
+// runMetricKeys checks the metric key of each case's match (its want).
+func runMetricKeys(t *testing.T, cfg *Config, cases []matchCase) {
 	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -30,7 +23,7 @@ func runMetricKeys(t *testing.T, cfg *Config, cases []metricCase) {
 
 func TestMetricKeyDefault(t *testing.T) {
 	cfg := load(t, "nested.yaml", "wildcard.yaml")
-	runMetricKeys(t, cfg, []metricCase{
+	runMetricKeys(t, cfg, []matchCase{
 		{"key only", "storefront", ents("client_id", "c1"), "storefront.client_id"},
 		{"key and value", "storefront", ents("client_id", "partner"), "storefront.client_id_partner"},
 		{"nested", "storefront", ents("tenant", "acme", "route", "/x"), "storefront.tenant_acme.route"},
@@ -100,7 +93,7 @@ func TestMetricKeyValueToMetric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runMetricKeys(t, cfg, []metricCase{
+	runMetricKeys(t, cfg, []matchCase{
 		{"values of flagged levels", "v", ents("route", "shop", "verb", "GET", "user", "u1"), "v.route_shop.verb_GET.user"},
 		{"configured value", "v", ents("route", "shop", "verb", "PUT", "user", "u1"), "v.route_shop.verb_PUT.user"},
 		{"detailed wins", "v", ents("route", "shop", "verb", "DELETE", "user", "u1"), "v.route_shop.verb_DELETE.user_u1"},
@@ -141,7 +134,7 @@ func TestMetricKeyBounded(t *testing.T) {
 
 func TestShareThreshold(t *testing.T) {
 	cfg := load(t, "share.yaml")
-	runMetricKeys(t, cfg, []metricCase{
+	runMetricKeys(t, cfg, []matchCase{
 		{"one shared key", "share", ents("doc", "reports/2024.pdf"), "share.doc_reports/*"},
 		{"nested", "share", ents("team", "blue", "doc", "drafts/a"), "share.team_blue.doc_drafts/*"},
 		{"two levels shared", "share", ents("doc", "top/x", "doc", "inner/y"), "share.doc_top/*.doc_inner/*"},
