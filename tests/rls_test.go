@@ -18,15 +18,20 @@ import (
 )
 
 // rlsGlobals is the rate_limit_rls global option in the form issue 33
-// gives, with this test's port, directory and Redis.
-func rlsGlobals(port int, dir, redisAddr string) string {
+// gives, with this test's port, directory and Redis, and redisLines added
+// to its redis block.
+func rlsGlobals(port int, dir, redisAddr string, redisLines ...string) string {
+	var extra string
+	for _, l := range redisLines {
+		extra += "\n\t\t\t" + l
+	}
 	return fmt.Sprintf(`	rate_limit_rls {
 		listen 127.0.0.1:%d
 		config_dir %s
 		redis {
-			address %s
+			address %s%s
 		}
-	}`, port, dir, redisAddr)
+	}`, port, dir, redisAddr, extra)
 }
 
 // rlsRules writes a domain with one rule of limit per hour into dir.
@@ -38,13 +43,13 @@ func rlsRules(t *testing.T, dir string, limit int) {
 	}
 }
 
-// startRLSCaddy starts Caddy with rate_limit_rls (rlsGlobals) on the
-// rules in dir and the Redis at redisAddr, serving site, and returns the
-// node and a client of the service.
-func startRLSCaddy(t *testing.T, dir, redisAddr, site string) (*node, rlsv3.RateLimitServiceClient) {
+// startRLSCaddy starts Caddy with rate_limit_rls (rlsGlobals, with
+// redisLines) on the rules in dir and the Redis at redisAddr, serving
+// site, and returns the node and a client of the service.
+func startRLSCaddy(t *testing.T, dir, redisAddr, site string, redisLines ...string) (*node, rlsv3.RateLimitServiceClient) {
 	t.Helper()
 	port := redistest.FreePort(t)
-	n := startCaddy(t, rlsGlobals(port, dir, redisAddr), site)
+	n := startCaddy(t, rlsGlobals(port, dir, redisAddr, redisLines...), site)
 	return n, rlsClient(t, port)
 }
 

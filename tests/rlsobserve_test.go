@@ -34,7 +34,9 @@ func TestRLSObserved(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "detail.yaml"), []byte(detail), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`)
+	// Counts, not time: a loaded machine gets Redis seconds, so that no
+	// call is decided by the local fallback.
+	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`, "timeout 2s")
 	const ip = "192.0.2.77"
 	for i, want := range []string{"OK", "OK", "OVER_LIMIT"} {
 		resp, err := rlsCall(client, 10*time.Second, ip)
@@ -162,7 +164,9 @@ func TestRLSObservedOverride(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := t.TempDir()
 	rlsRules(t, dir, 2)
-	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`)
+	// Counts, not time: a loaded machine gets Redis seconds, so that no
+	// call is decided by the local fallback.
+	n, client := startRLSCaddy(t, dir, srv.Addr, `respond "ok"`, "timeout 2s")
 	own := func(key, value string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
