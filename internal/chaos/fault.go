@@ -56,14 +56,22 @@ func newInjector(s *Scenario, b *backend, nodes []*localfleet.Node, reload func(
 }
 
 // run injects the faults at their times from start, each to its end, and
-// returns what happened. It runs on the caller's goroutine.
-func (in *injector) run(start time.Time) []window {
-	var out []window
+// returns what happened: the faults injected, and a line for each fault
+// skipped and why. It runs on the caller's goroutine.
+func (in *injector) run(start time.Time) (out []window, skipped []string) {
 	for i, f := range in.s.Faults {
 		time.Sleep(time.Until(start.Add(f.At)))
 		srv := in.targets[i]
-		if in.b.top == Sentinel {
-			srv = in.master() // after a failover, the new master
+		if in.b.top == Sentinel && onServer(f.Kind) {
+			// After a failover, the new master. A fault on a master that
+			// is gone would be no fault, and injecting it no failure of
+			// the fleet: it is skipped, and said.
+			m, err := in.master("")
+			if err != nil {
+				skipped = append(skipped, fmt.Sprintf("%s at %s skipped: %v", f.Kind, time.Now().Format("15:04:05.000"), err))
+				continue
+			}
+			srv = m
 		}
 		w := window{kind: f.Kind, start: time.Now()}
 		if err := in.inject(f, srv); err != nil {
@@ -72,7 +80,17 @@ func (in *injector) run(start time.Time) []window {
 		w.end = time.Now()
 		out = append(out, w)
 	}
-	return out
+	return out, skipped
+}
+
+// onServer reports whether a fault of kind acts on a data server (and not
+// on a node or the machine).
+func onServer(kind string) bool {
+	switch kind {
+	case FaultReload, FaultNodeKill, FaultStress:
+		return false
+	}
+	return true
 }
 
 // inject injects one fault and returns when it is over.
@@ -112,49 +130,54 @@ func (in *injector) inject(f Fault, srv *redistest.Server) error {
 	return nil
 }
 
-// master returns the Sentinel's master as a sentinel reports it, or the
-// master resolved before the load when none answers.
-func (in *injector) master() *redistest.Server {
+// master returns the Sentinel's master: a data server that a sentinel
+// names as the master (other than skip) and that says it is one. A
+// sentinel not yet told of a failover still names the master it killed;
+// master asks the next one. It fails, saying what each sentinel named,
+// when no master answers.
+func (in *injector) master(skip string) (*redistest.Server, error) {
+	var named []string
 	for _, st := range in.b.sentinel.Sentinels() {
 		v, err := st.Do("SENTINEL", "get-master-addr-by-name", in.b.sentinel.MasterName())
 		if err != nil {
+			named = append(named, fmt.Sprintf("sentinel %s: %v", st.Addr, err))
 			continue
 		}
 		addr := strings.Join(strings.Fields(v), ":")
+		if addr == skip {
+			named = append(named, fmt.Sprintf("sentinel %s names %s, the old master", st.Addr, addr))
+			continue
+		}
 		for _, d := range in.b.sentinel.DataNodes() {
-			if d.Addr == addr {
-				return d
+			if d.Addr != addr {
+				continue
 			}
+			info, err := d.Do("INFO", "replication")
+			if err == nil && strings.Contains(info, "role:master") {
+				return d, nil
+			}
+			if err == nil {
+				err = fmt.Errorf("not a master")
+			}
+			named = append(named, fmt.Sprintf("sentinel %s names %s: %v", st.Addr, addr, err))
 		}
 	}
-	return in.targets[0]
+	return nil, fmt.Errorf("no master answers (%s)", strings.Join(named, "; "))
 }
 
-// waitFailover waits until a sentinel reports a master other than old, and
-// that master says so.
+// waitFailover waits until a master other than old answers (see master).
 func (in *injector) waitFailover(old string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, st := range in.b.sentinel.Sentinels() {
-			v, err := st.Do("SENTINEL", "get-master-addr-by-name", in.b.sentinel.MasterName())
-			if err != nil {
-				continue
-			}
-			addr := strings.Join(strings.Fields(v), ":")
-			if addr == old {
-				continue
-			}
-			for _, d := range in.b.sentinel.DataNodes() {
-				if d.Addr == addr {
-					if info, err := d.Do("INFO", "replication"); err == nil && strings.Contains(info, "role:master") {
-						return nil
-					}
-				}
-			}
+	for {
+		_, err := in.master(old)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no failover away from the killed master within %s: %w", timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("no failover away from the killed master within %s", timeout)
 }
 
 // stress keeps every CPU busy with stress-ng for d. stress-ng and its

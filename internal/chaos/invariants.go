@@ -15,7 +15,8 @@ type observed struct {
 	rlsCalls []*request             // the RLS client's calls
 	seen     map[string]seenRequest // the upstream's, by request id
 	peaks    []peak
-	windows  []window
+	windows  []window // the faults injected
+	skipped  []string // the faults skipped, and why
 	bans     []banSeen
 	resets   []resetDone // the key resets
 	// settleLost are the tokens each cost_header zone's settlements lost,

@@ -130,20 +130,21 @@ func (f *fleet) load(s *Scenario) (*observed, time.Time) {
 		defer close(resetsDone)
 		resets = s.injectResets(ctx, f.nodes, start)
 	}()
-	windows := in.run(start)
+	windows, skipped := in.run(start)
 	<-loadDone
 	<-rlsDone
 	<-resetsDone
 	loadEnd := time.Now()
 	time.Sleep(settle)
 	stopBans()
-	return &observed{requests: requests, rlsCalls: rlsCalls, windows: windows, bans: bans.list(), resets: resets,
+	return &observed{requests: requests, rlsCalls: rlsCalls, windows: windows, skipped: skipped, bans: bans.list(), resets: resets,
 		settleLost: s.settlementsLost(f.nodes, settle)}, loadEnd
 }
 
 // checkFaults fails the run's harness invariant for every fault or key
 // reset that could not be injected (a reset that failed in a Redis fault
-// is that fault's doing), and lists the faults in res.
+// is that fault's doing), lists the faults in res, and the faults skipped
+// in its figures.
 func (c *checker) checkFaults(res *Result) {
 	for _, r := range c.o.resets {
 		if r.err != "" && !c.inFault(r.sent, r.done, 0, 0, c.redisDown) {
@@ -156,6 +157,7 @@ func (c *checker) checkFaults(res *Result) {
 			c.fail(InvHarness, "%s at %s: %s", w.kind, w.start.Format("15:04:05.000"), w.err)
 		}
 	}
+	res.Figures = append(res.Figures, c.o.skipped...)
 }
 
 // checkObserved checks what the clients and the upstream observed, and
