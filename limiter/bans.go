@@ -144,7 +144,10 @@ type cacheSet struct {
 	caches []weak.Pointer[DenyCache]
 }
 
-// add puts c in the set, and drops the caches collected since.
+// add puts c, a cache that has decided nothing yet, in the set, and drops
+// the caches collected since. c starts with the bans the set's caches hold:
+// a new configuration (a reload) must not forget a ban the node knew, or its
+// local fallback admits the key while Redis is away.
 func (s *cacheSet) add(c *DenyCache) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -152,6 +155,7 @@ func (s *cacheSet) add(c *DenyCache) {
 	for _, p := range s.caches {
 		if v := p.Value(); v != nil && v != c {
 			kept = append(kept, p)
+			c.inheritBans(v)
 		}
 	}
 	clear(s.caches[len(kept):])

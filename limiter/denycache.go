@@ -316,7 +316,11 @@ func (c *DenyCache) learnBan(r *Rule, key string, end int64) {
 
 // learnBanIn is learnBan for the zone whose buckets are named bucket.
 func (c *DenyCache) learnBanIn(bucket, key string, end int64) {
-	id := c.hash.id(bucket, key)
+	c.learnBanID(c.hash.id(bucket, key), end)
+}
+
+// learnBanID is learnBan for the bucket whose id is id.
+func (c *DenyCache) learnBanID(id bucketID, end int64) {
 	sh := &c.shards[id.shard()]
 	sh.mu.Lock()
 	for id := range sh.bans { // make room: any ban (the store still has it)
@@ -328,6 +332,33 @@ func (c *DenyCache) learnBanIn(bucket, key string, end int64) {
 	sh.bans[id] = end
 	sh.mu.Unlock()
 	c.learned.Add(1)
+}
+
+// inheritBans makes c, before its first decision, name buckets as o does
+// (so that every cache of a store shares one hasher: see cacheSet.add) and
+// learn the bans o holds, each ending when it ends in o.
+func (c *DenyCache) inheritBans(o *DenyCache) {
+	c.hash = o.hash
+	type ban struct {
+		id   bucketID
+		left int64
+	}
+	var bans []ban
+	onow := o.now()
+	for i := range o.shards {
+		sh := &o.shards[i]
+		sh.mu.Lock()
+		for id, end := range sh.bans {
+			if end > onow {
+				bans = append(bans, ban{id, end - onow})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	now := c.now()
+	for _, b := range bans {
+		c.learnBanID(b.id, now+b.left)
+	}
 }
 
 // Forget drops what the cache holds about the key in the zone whose
