@@ -143,6 +143,7 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 	first := sp.from
 	var last time.Time
 	var tokens, failOpen float64
+	openOutside := 0 // requests that failed open outside any Redis fault
 	for _, q := range sp.requests {
 		if sp.from.IsZero() && (first.IsZero() || q.sent.Before(first)) {
 			first = q.sent
@@ -157,6 +158,9 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 		if z.OnError == "allow" && c.inFault(q.sent, at, 0, 0, c.redisDown) {
 			failOpen += cost // the allowance named "on_error allow"
 			continue
+		}
+		if z.OnError == "allow" && failedOpen(q) {
+			openOutside++ // counted: no Redis fault excuses it
 		}
 		tokens += cost
 	}
@@ -206,10 +210,18 @@ func (c *checker) checkSpan(b *bucket, z *Zone, rule bucketRule, sp span) bool {
 		c.rlsTightest = tight
 	}
 	if tokens > math.Floor(bound+allow+1e-9) {
-		c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %d failed open",
-			z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(sp.requests), int(failOpen))
+		c.failAt(InvBound, first, ofKey(b.key), "zone %s (%s) key %s: admitted %.0f tokens in %.2fs, above the exact bound %.2f + allowances %.2f [%s]; %d requests, %.0f tokens failed open during a Redis fault, %d requests failed open outside any",
+			z.Name, z.Algorithm, printable(b.key), tokens, last.Sub(first).Seconds(), bound, allow, strings.Join(named, ", "), len(sp.requests), failOpen, openOutside)
 	}
 	return true
+}
+
+// failedOpen reports whether a request was answered admitted without rate
+// limit fields: a zone with on_error allow passed it without a decision
+// (docs/operations.md: "with no rate limit fields"). A request that got no
+// answer (a node killed under it) says nothing.
+func failedOpen(q *request) bool {
+	return !q.rls && q.status != 0 && !q.fields
 }
 
 // admission returns, for a request that zone z admitted and counted, when
