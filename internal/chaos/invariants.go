@@ -423,9 +423,13 @@ func (c *checker) checkDryRun() {
 }
 
 // checkStatus checks that no 5xx came back but the upstream's own 500s and,
-// during a fault, the 503 of a zone with on_error deny.
+// during a fault, the 503 of a zone with on_error deny. An on_error deny's
+// 503 outside any fault is reported with the first one: when and through
+// which node it came, and how long it took (a decision that timed out took
+// about redisTimeout; one of an open breaker, next to nothing), and its
+// trace holds that node's requests around it.
 func (c *checker) checkStatus() {
-	kinds, first := map[string]int{}, map[string]string{}
+	kinds, first := map[string]int{}, map[string]*request{}
 	for _, q := range c.o.requests {
 		if q.status < 500 {
 			continue
@@ -440,17 +444,19 @@ func (c *checker) checkStatus() {
 		if q.status == 503 && c.denyZone(q.target) {
 			k += " (on_error deny outside any fault"
 			if _, ok := first[k]; !ok {
-				first[k] = c.sinceFault(q.sent, func(string) bool { return true })
+				first[k] = q
 			}
 		}
 		kinds[k]++
 	}
 	for k, n := range kinds {
-		tail := ""
-		if s, ok := first[k]; ok {
-			tail = s + ")"
+		q, ok := first[k]
+		if !ok {
+			c.fail(InvStatus, "%d responses %s", n, k)
+			continue
 		}
-		c.fail(InvStatus, "%d responses %s%s", n, k, tail)
+		c.failAt(InvStatus, q.sent, ofNode(q.node), "%d responses %s; the first sent %s through node %d, answered in %s%s)",
+			n, k, q.sent.Format("15:04:05.000"), q.node, q.done.Sub(q.sent).Round(time.Millisecond), c.sinceFault(q.sent, func(string) bool { return true }))
 	}
 }
 

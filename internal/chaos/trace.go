@@ -58,6 +58,11 @@ func ofKey(key string) func(q *request) bool {
 	return func(q *request) bool { return q.key == key }
 }
 
+// ofNode matches the requests sent through one node.
+func ofNode(node int) func(q *request) bool {
+	return func(q *request) bool { return q.node == node }
+}
+
 // ofClient matches the requests of one client.
 func ofClient(cl *Client) func(q *request) bool {
 	return func(q *request) bool { return q.client == cl }
