@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	// The clock-skewed build links while the serial tests run, not in
 	// TestFleetClockSkew's share of the parallel ones; only when a test
 	// that needs it is selected, and waited for before the binaries are
-	// removed (a build still writing to stderr would keep the run open).
+	// removed.
 	flag.Parse()
 	skewed := selected(skewedTests)
 	if skewed {

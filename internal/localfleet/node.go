@@ -27,7 +27,9 @@ func RepoRoot() string {
 }
 
 // BuildCaddy builds cmd/caddy into dir, with optional build tags, and
-// returns the binary's path.
+// returns the binary's path. What go build printed is in the error of a
+// build that failed: the caller may run it beside testing.M.Run, which
+// replaces os.Stderr under go test -json.
 func BuildCaddy(dir string, tags ...string) (string, error) {
 	name := "caddy"
 	args := []string{"build", "-o"}
@@ -40,9 +42,8 @@ func BuildCaddy(dir string, tags ...string) (string, error) {
 	bin := filepath.Join(dir, name)
 	build := exec.Command("go", append(args, "./cmd/caddy")...)
 	build.Dir = RepoRoot()
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return "", fmt.Errorf("building caddy: %w", err)
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building caddy: %w\n%s", err, out)
 	}
 	return bin, nil
 }
