@@ -276,7 +276,7 @@ func TestQuotaNodeSkew(t *testing.T) {
 			c := &call{}
 			rs.fill(c, rs.script, reqs, nil, nil)
 			p := pipeline{clock: node}
-			args := p.scriptArgs(&scriptCall{script: rs.script, calls: []*call{c}}, strconv.FormatInt(at, 10))
+			args := p.scriptArgs(&scriptCall{script: rs.script, calls: []*call{c}}, strconv.FormatInt(at, 10), true)
 			reply, err := rs.client.Do(context.Background(), args...).Slice()
 			if err != nil {
 				t.Fatal(err)
@@ -299,7 +299,7 @@ func TestQuotaNodeSkew(t *testing.T) {
 	c := &call{}
 	rs.fill(c, rs.script, reqs, nil, nil)
 	p := pipeline{clock: newTestClock(redisAt + int64(20*24*time.Hour/time.Microsecond))}
-	args := p.scriptArgs(&scriptCall{script: rs.script, calls: []*call{c}}, strconv.FormatInt(redisAt, 10))
+	args := p.scriptArgs(&scriptCall{script: rs.script, calls: []*call{c}}, strconv.FormatInt(redisAt, 10), true)
 	reply, err := rs.client.Do(context.Background(), args...).Slice()
 	if err != nil {
 		t.Fatal(err)

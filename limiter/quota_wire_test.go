@@ -41,7 +41,7 @@ func quotaWireArgs(t testing.TB, s *RedisStore) ([]any, []*call) {
 	}
 	at, _ := strconv.ParseInt(wireClock, 10, 64)
 	p := pipeline{clock: newTestClock(at)}
-	return p.scriptArgs(&scriptCall{script: s.script, calls: calls}, wireClock), calls
+	return p.scriptArgs(&scriptCall{script: s.script, calls: calls}, wireClock, true), calls
 }
 
 // TestWireQuotaArgs: the quota batch's exact KEYS and ARGV. The month's
@@ -97,7 +97,7 @@ w:trial~quota:{bob}
 0
 9
 15
-23
+-2
 23
 1
 1

@@ -409,7 +409,7 @@ func (s *RedisStore) exec(ctx context.Context, p *pipeline, groups []scriptCall)
 	pipe := s.client.Pipeline()
 	for i := range groups {
 		g := &groups[i]
-		g.cmd = redis.NewCmd(ctx, p.scriptArgs(g, clock)...)
+		g.cmd = redis.NewCmd(ctx, p.scriptArgs(g, clock, g.script == s.script)...)
 		_ = pipe.Process(ctx, g.cmd)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

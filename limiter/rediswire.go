@@ -65,8 +65,10 @@ func zoneAux(q *Request, done []Result, i int) any {
 // lua.NoZones for a call of no zones), then the zone kinds (its rule's
 // index, from 1, a cost and an aux, which the zones of a batch mostly
 // share) and their number, at the positions package lua declares
-// (lua.ArgClock, lua.ArgRules and the rest).
-func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
+// (lua.ArgClock, lua.ArgRules and the rest). With runs (the decide script
+// only), consecutive calls of one zone that share its bucket, rule, cost
+// and aux are sent as one run (lua.RunOf).
+func (p *pipeline) scriptArgs(g *scriptCall, clock string, runs bool) []any {
 	if p.buckets == nil {
 		p.buckets = make(map[string]int)
 	}
@@ -107,10 +109,19 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	}
 	kinds := make([]zoneKind, 0, 8)
 	next := zones
-	for _, c := range g.calls {
+	for i := 0; i < len(g.calls); i++ {
+		c := g.calls[i]
 		if len(c.keys) == 0 {
 			args = append(args, lua.NoZones)
 			continue
+		}
+		if reps := runLen(g.calls[i:]); runs && reps > 1 {
+			// The run's last zone stands for all its calls' (they are
+			// the same): skip the others'.
+			args = append(args, lua.RunOf(reps))
+			i += reps - 1
+			next = next[2*(reps-1):]
+			c = g.calls[i]
 		}
 		for z, cost := range c.costs {
 			kind := zoneKind{next[0], cost, c.aux[z]}
@@ -133,6 +144,24 @@ func (p *pipeline) scriptArgs(g *scriptCall, clock string) []any {
 	clear(keys)
 	p.rules, p.keys, p.zones = rules[:0], keys[:0], zones[:0]
 	return args
+}
+
+// runLen returns how many calls from calls[0] make one run: calls of one
+// zone each with the same bucket, rule, cost and aux (1 when calls[0] has
+// another number of zones).
+func runLen(calls []*call) int {
+	c := calls[0]
+	if len(c.keys) != 1 {
+		return 1
+	}
+	n := 1
+	for ; n < len(calls); n++ {
+		d := calls[n]
+		if len(d.keys) != 1 || d.keys[0] != c.keys[0] || d.rules[0] != c.rules[0] || d.costs[0] != c.costs[0] || d.aux[0] != c.aux[0] {
+			break
+		}
+	}
+	return n
 }
 
 // zoneKind is what the zones of a script call may share: the index of

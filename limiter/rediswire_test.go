@@ -59,7 +59,7 @@ func wireArgs(t testing.TB, s *RedisStore) ([]any, []*call) {
 		calls = append(calls, c)
 	}
 	var p pipeline
-	return p.scriptArgs(&scriptCall{script: s.script, calls: calls}, wireClock), calls
+	return p.scriptArgs(&scriptCall{script: s.script, calls: calls}, wireClock, true), calls
 }
 
 // wireText renders values as Redis receives or returns them, one a line.
@@ -183,10 +183,9 @@ w:shed:{erin}
 -1
 48
 1
+-2
 65
-65
-81
-81
+-3
 81
 97
 1

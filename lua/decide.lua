@@ -28,7 +28,9 @@
 --                  (ki, its index in KEYS), kind (k, see below) and
 --                  whether it is the request's last zone, as one number
 --                  (see zone.lua); a request of no zones is one argument,
---                  NO_ZONES
+--                  NO_ZONES. An argument -r below NO_ZONES stands for r
+--                  identical requests of one zone each, whose zone follows
+--                  it (a run)
 -- then             KIND_ARGS arguments per zone kind: the index of its
 --                  rule (K_RULE, from 1), its cost (K_COST), and aux
 --                  (K_AUX): the reserve the request must leave (the rate
@@ -140,9 +142,45 @@ local function one(n, o)
   end
 end
 
+-- failed puts a request's error in place of its time in its reply, from
+-- reply[o], and zeros for its n zones: its commands failed (see one).
+local function failed(err, n, o)
+  if type(err) ~= 'table' then err = {err = tostring(err)} end
+  reply[o] = err
+  for j = o + 1, o + ZONE_REPLY * n do reply[j] = 0 end
+end
+
+-- run decides reps identical requests of one zone each (a run: see
+-- RunOf), the first with its reply from reply[o], the others after it. Where the zone's algorithm has a run section and only
+-- the bucket's count decides (no ban, dry run or prefetch, a cost), the
+-- section decides the whole run at once and sets ran; otherwise each
+-- request is decided in turn. Either way each gets the reply it would
+-- have had alone.
+local function run(reps, o)
+  local ki, k = zbucket[0], zkind[0]
+  local rule, cost, auxn = krule[k], kcost[k], kauxn[k]
+  local alg, p1, p2, p3 = rule[R_ALG], rule[R_P1], rule[R_P2], rule[R_P3]
+  local ran = false
+  if cost > 0 and rule[R_BAN] == 0 and rule[R_PREFETCH] <= cost and rule[R_FLAGS] % (2 * F_DRY_RUN) < F_DRY_RUN then
+    --@dispatch run
+  end
+  if not ran then
+    for r = 0, reps - 1 do
+      local q = o + r * (1 + ZONE_REPLY)
+      local ok, err = pcall(one, 1, q)
+      if not ok then failed(err, 1, q) end
+    end
+  end
+end
+
 local a, o = zones, 1
 while a <= zones_end do
   local n, z = 0, tonumber(ARGV[a])
+  local reps = 1
+  if z < NO_ZONES then -- a run of -z requests: its zone follows
+    reps, a = -z, a + 1
+    z = tonumber(ARGV[a])
+  end
   if z == NO_ZONES then
     a = a + 1
   else
@@ -156,13 +194,13 @@ while a <= zones_end do
     until false
     a = a + n
   end
-  local ok, err = pcall(one, n, o)
-  if not ok then
-    if type(err) ~= 'table' then err = {err = tostring(err)} end
-    reply[o] = err
-    for j = o + 1, o + ZONE_REPLY * n do reply[j] = 0 end
+  if reps > 1 then
+    run(reps, o)
+  else
+    local ok, err = pcall(one, n, o)
+    if not ok then failed(err, n, o) end
   end
-  o = o + 1 + ZONE_REPLY * n -- the time, then the zones
+  o = o + reps * (1 + ZONE_REPLY * n) -- the time, then the zones, per request
 end
 flush()
 return reply

@@ -69,6 +69,28 @@ local res = auxn -- the requests the request must leave
 r1, r2 = fw_unpack(ki, p1)
 if cost + res > p2 then flag = NEVER elseif r1 + cost + res <= p2 then flag = ADMIT else flag = DENY end
 
+--@run
+-- reps requests of the same cost at once: the first fits of them are
+-- admitted, each counting what those before it charged; the rest see the
+-- count they left (cost + res > p2: none is ever admissible).
+local res = auxn
+local count, elapsed, w = fw_unpack(ki, p1)
+local fits, deny = 0, NEVER
+if cost + res <= p2 then
+  fits, deny = max(0, min(reps, floor((p2 - res - count) / cost))), DENY
+end
+for r = 0, reps - 1 do
+  local q = o + r * (1 + ZONE_REPLY) -- request r's reply: its time, then its zone's
+  if r < fits then
+    reply[q], reply[q + Z_FLAG], reply[q + Z_R1] = now, ADMIT, count + r * cost
+  else
+    reply[q], reply[q + Z_FLAG], reply[q + Z_R1] = -now, deny, count + fits * cost
+  end
+  reply[q + Z_R2], reply[q + Z_R3], reply[q + Z_DELAY] = elapsed, 0, 0
+end
+if fits > 0 then fw_write(ki, w, count + fits * cost, p1 - elapsed) end
+ran = true
+
 --@commit
 -- Prefetch: as the token bucket's (token_bucket.lua), reported as r3.
 local sp = 0

@@ -69,6 +69,34 @@ else
 end
 if over and over > 0 and flag ~= ADMIT then r3 = over end
 
+--@run
+-- reps requests of the same cost at once: the first fits of them are
+-- admitted, each owing what those before it took (and shed as that debt
+-- says); the rest see the debt they left.
+local cap, res, step = p3 * p2, auxn, cost * p2
+local debt, over = tb_debt(ki, p1, cap)
+local fits, deny = 0, NEVER
+if cost <= p3 and step + res <= cap then
+  fits, deny = max(0, min(reps, floor((cap - res - debt) / step))), DENY
+end
+local at, shed = rule[R_SHED_AT], rule[R_SHED_DELAY]
+for r = 0, reps - 1 do
+  local q = o + r * (1 + ZONE_REPLY) -- request r's reply: its time, then its zone's
+  if r < fits then
+    local before, delay = debt + r * step, 0
+    if before + step > at and shed > 0 then delay = min(shed, ceil_div(before + step - at, p1)) end
+    reply[q], reply[q + Z_FLAG], reply[q + Z_R1], reply[q + Z_R2], reply[q + Z_R3], reply[q + Z_DELAY] = now, ADMIT, before, before + step, 0, delay
+  else
+    local before = debt + fits * step
+    local after = before + step
+    if deny == NEVER then after = before end
+    reply[q], reply[q + Z_FLAG], reply[q + Z_R1], reply[q + Z_R2], reply[q + Z_R3], reply[q + Z_DELAY] = -now, deny, before, after, 0, 0
+    if over and over > 0 then reply[q + Z_R3] = over end
+  end
+end
+if fits > 0 then tb_write(ki, p1, debt + fits * step) end
+ran = true
+
 --@commit
 -- Prefetch (rule[R_PREFETCH] tokens a call may take): spares beyond the cost, at
 -- most a quarter of what the bucket holds after it (and its reserve), so

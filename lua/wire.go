@@ -121,6 +121,13 @@ const RebuiltTTL = 10_000
 // NoZones is the zone argument of a request of no zones.
 const NoZones = -1
 
+// RunOf returns the argument that stands, in the decide script, for reps
+// identical requests (reps at least 2) of one zone each: the same bucket
+// and kind. The zone's argument follows it once, and the reply holds each
+// request's values, in turn, as if they had been sent one by one. The
+// script decides a run of a fixed window or a token bucket at once.
+func RunOf(reps int) int { return -reps }
+
 // PackZone returns a zone's argument: its kind k and its bucket ki (the
 // index of the bucket in KEYS; both from 1, with keys buckets in KEYS),
 // and whether it is its request's last zone, as one number. zone.lua is
