@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -73,22 +72,6 @@ func unmatched(n int) *rlsv3.RateLimitResponse {
 		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	}
 	return resp
-}
-
-// decisionContext returns ctx with its deadline, if any, brought forward
-// to half the time left: the decision waits for the store at most that
-// (and at most the store's timeout), and the other half is for the answer's
-// way back. The caller's deadline is counted from its side: the call's
-// way here, on a loaded node or network, eats into it unseen, and an
-// answer that arrives late is no answer (Envoy applies its own failure
-// mode). With Envoy's 20ms, a store that has not answered in 10ms is
-// answered for by the on_error policy.
-func decisionContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	d, ok := ctx.Deadline()
-	if !ok {
-		return ctx, func() {}
-	}
-	return context.WithDeadline(ctx, d.Add(-time.Until(d)/2))
 }
 
 // entriesOf appends a descriptor's entries to dst.
