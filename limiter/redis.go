@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,7 +71,9 @@ type RedisOptions struct {
 	// node: the hard cap, once the node has run for Timeout since the
 	// decision began (a frozen process first reads what waits in its
 	// sockets); never more than twice MaxWait. Default 1s (at least
-	// Timeout). See RedisStore.extension.
+	// Timeout). A decision that began before the start-up connection
+	// attempt ended (see WaitWarm) waits up to MaxWait in wall time
+	// whatever its round trip. See RedisStore.extension.
 	MaxWait time.Duration
 	// DisableStallClock switches off the stall clock (stallClock): Timeout
 	// then counts wall time, so a decision on a node whose CPUs are
@@ -79,7 +82,9 @@ type RedisOptions struct {
 	// clock runs, and a starved node waits for Redis' replies (up to
 	// MaxWait).
 	DisableStallClock bool
-	// DialTimeout bounds opening a connection. Default 1s.
+	// DialTimeout bounds opening a connection. Default 1s. The start-up
+	// connection attempt (see WaitWarm) gives up after DialTimeout +
+	// Timeout.
 	DialTimeout time.Duration
 	// Pipelines is how many round trips may be in flight at once; every
 	// decision that arrives while they are busy joins the next one, in one
@@ -191,15 +196,22 @@ type RedisStore struct {
 	// (ChargesIn).
 	barrier nodeBarrier
 
-	queue  chan *call
-	stop   chan struct{}
-	warmed chan struct{} // closed when the start-up connection attempt ends
-	wg     sync.WaitGroup
+	// warmed is closed when the start-up connection attempt (warm) ends,
+	// with warmErr its outcome and warmedAt when, on the stall clock
+	// (math.MaxInt64 until then).
+	warmed   chan struct{}
+	warmErr  error
+	warmedAt atomic.Int64
+
+	queue chan *call
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
-// NewRedisStore connects lazily to Redis and starts the pipeline workers;
-// Close stops them. It fails only on invalid options: an unreachable Redis
-// is a decision-time error, handled by the failure policy.
+// NewRedisStore starts connecting to Redis in the background (see
+// WaitWarm) and starts the pipeline workers; Close stops them. It fails
+// only on invalid options: an unreachable Redis is a decision-time error,
+// handled by the failure policy.
 func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	cluster, err := opt.check()
 	if err != nil {
@@ -239,8 +251,8 @@ func NewRedisStore(opt RedisOptions) (*RedisStore, error) {
 	s.wg.Go(func() { s.memory.run(s.stop) })
 	s.bans = startRedisBans(s)
 	s.wg.Go(s.probeIdle)
-	s.wg.Add(1)
-	go s.warm(opt.DialTimeout + opt.Timeout)
+	s.warmedAt.Store(math.MaxInt64)
+	s.wg.Go(func() { s.warm(opt.DialTimeout + opt.Timeout) })
 	return s, nil
 }
 
@@ -328,35 +340,6 @@ func goRedisClient(opt *RedisOptions, cluster bool) redis.UniversalClient {
 		PoolSize:         opt.PoolSize,
 		PipelinePoolSize: opt.PoolSize,
 	})
-}
-
-// warm connects and loads the scripts, in the background, so that the
-// first requests do not pay for a dial, a TLS handshake and a NOSCRIPT
-// round trip within their timeout; it gives up after timeout, or when the
-// store closes. A failure here is harmless: the decisions dial and load
-// again. It closes warmed when done.
-func (s *RedisStore) warm(timeout time.Duration) {
-	defer s.wg.Done()
-	defer close(s.warmed)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	if err := checkCredentials(ctx, s.client); errors.Is(err, ErrRedisCredentials) {
-		s.log.Error("redis refuses the rate limit store's credentials; every decision fails and takes its zone's on_error policy",
-			zap.Error(err))
-	}
-	pipe := s.client.Pipeline()
-	pipe.ScriptLoad(ctx, lua.Decide)
-	pipe.ScriptLoad(ctx, lua.Refund)
-	_, _ = pipe.Exec(ctx)
-	_ = s.script.Load(ctx, s.client).Err()
-	_ = s.refund.Load(ctx, s.client).Err()
 }
 
 // Client returns the underlying go-redis client.

@@ -87,9 +87,14 @@ func (s *RedisStore) overdueAfter() time.Duration {
 
 // extension returns how much longer a decision that began at start, and
 // that waits on round trip trip (0: still queued), waits for its reply
-// (see the rules above). 0: give up now.
+// (see the rules above). 0: give up now. A decision that began before the
+// store's start-up connection attempt ended (beganWarming) waits up to
+// MaxWait in wall time, whatever its round trip.
 func (s *RedisStore) extension(start stallMark, trip uint64) time.Duration {
 	elapsed, ran := s.stall.since(start)
+	if elapsed < s.maxWait && s.beganWarming(start) {
+		return max(time.Millisecond, s.maxWait-elapsed)
+	}
 	if elapsed >= s.maxWait {
 		if ran >= s.timeout || elapsed >= 2*s.maxWait {
 			return 0
