@@ -59,7 +59,10 @@ type RedisConfig struct {
 	// Redis, where a decision would otherwise wait up to a long round trip
 	// for the one in flight.
 	Pipelines int `json:"pipelines,omitempty"`
-	// DialTimeout bounds opening a connection. Default: 1s.
+	// DialTimeout bounds opening a connection. Default: 1s. Provisioning
+	// waits for the store's first connection and script load, at most
+	// DialTimeout + Timeout when Redis does not answer, so that Caddy
+	// serves on a connected store.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 	// Protocol is the RESP version, 2 or 3. Default: 3, falling back to 2
 	// when the server does not speak 3.

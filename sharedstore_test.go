@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/fleetlimit/caddy-fleetlimit/internal/redistest"
+	"github.com/fleetlimit/caddy-fleetlimit/limiter"
 )
 
 // TestSharedStore: another module (the Envoy rate limit service) that asks
@@ -70,4 +71,51 @@ func poolKeyOf(t *testing.T, redis *RedisConfig) string {
 		t.Fatal(err)
 	}
 	return opt.poolKey()
+}
+
+// TestProvisionStoreWaitsForRedis: a store provisioned while its Redis
+// answers late (paused for 300ms: a node starting on a loaded machine) is
+// handed over connected, its scripts loaded, so that the first decision of
+// a caller whose deadline is shorter than the timeout (the Envoy rate
+// limit service's callers give 20ms) is decided by Redis, not by the
+// failure policy. Provisioning the same configuration again (a reload)
+// takes the connected store at once.
+func TestProvisionStoreWaitsForRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Pause()
+	resumed := make(chan struct{})
+	go func() {
+		defer close(resumed)
+		time.Sleep(300 * time.Millisecond)
+		srv.Resume()
+	}()
+	t.Cleanup(func() { <-resumed })
+	cfg := &RedisConfig{Address: srv.Addr, Timeout: caddy.Duration(time.Second)}
+	s, err := ProvisionStore(cfg, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Release() })
+	r, err := limiter.NewRule(limiter.RuleConfig{Name: "provision_wait_test", Rate: 10, Per: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	ok, err := s.Store.Decide(ctx, []limiter.Request{{Rule: r, Key: "first", Cost: 1}}, make([]limiter.Result, 1))
+	if err != nil || !ok {
+		t.Fatalf("the first decision on a store provisioned while Redis answered late: %v %v; want it admitted by Redis", ok, err)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	began := time.Now()
+	again, err := ProvisionStore(&RedisConfig{Address: srv.Addr, Timeout: caddy.Duration(time.Second)}, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Release()
+	if took := time.Since(began); again.Store != s.Store || took > 500*time.Millisecond {
+		t.Fatalf("provisioning the configuration again, Redis paused: the same store %v, after %s; want the same store at once",
+			again.Store == s.Store, took)
+	}
 }

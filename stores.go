@@ -2,6 +2,7 @@ package fleetlimit
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -117,7 +118,7 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	}
 	opt.Log = h.logger
 	key := opt.poolKey()
-	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+	v, loaded, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s, err := limiter.NewRedisStore(opt.RedisOptions)
 		if err != nil {
 			return nil, err
@@ -127,7 +128,24 @@ func (h *Handler) provisionStore() (limiter.Store, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("redis: %w", err)
 	}
-	return v.(redisStore).RedisStore, key, nil
+	s := v.(redisStore).RedisStore
+	h.awaitWarm(s, !loaded)
+	return s, key, nil
+}
+
+// awaitWarm waits until the store's start-up connection attempt has ended
+// (limiter.RedisStore.WaitWarm: at most dial_timeout + timeout), so that
+// Caddy serves, and the first requests are decided, on a store that has
+// connected and loaded its scripts whenever Redis answers at start-up. A
+// store taken over from the previous configuration (a reload) has ended
+// its attempt long ago: the reload does not wait. The handler that made
+// the store (made) warns when Redis did not answer.
+func (h *Handler) awaitWarm(s *limiter.RedisStore, made bool) {
+	err := s.WaitWarm(context.Background())
+	if err != nil && made && !errors.Is(err, limiter.ErrRedisCredentials) {
+		h.logger.Warn("redis did not answer as the rate limit store started; decisions take their zone's on_error policy until it does",
+			zap.String("store", h.storeName()), zap.Error(err))
+	}
 }
 
 // DefaultMaxKeys is how many buckets a node keeps in memory when no
