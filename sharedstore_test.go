@@ -74,7 +74,7 @@ func poolKeyOf(t *testing.T, redis *RedisConfig) string {
 }
 
 // TestProvisionStoreWaitsForRedis: a store provisioned while its Redis
-// answers late (paused for 300ms: a node starting on a loaded machine) is
+// answers late (paused for 600ms: a node starting on a loaded machine) is
 // handed over connected, its scripts loaded, so that the first decision of
 // a caller whose deadline is shorter than the timeout (the Envoy rate
 // limit service's callers give 20ms) is decided by Redis, not by the
@@ -86,7 +86,7 @@ func TestProvisionStoreWaitsForRedis(t *testing.T) {
 	resumed := make(chan struct{})
 	go func() {
 		defer close(resumed)
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(600 * time.Millisecond)
 		srv.Resume()
 	}()
 	t.Cleanup(func() { <-resumed })
@@ -100,7 +100,7 @@ func TestProvisionStoreWaitsForRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond) // below the pause and the timeout
 	defer cancel()
 	ok, err := s.Store.Decide(ctx, []limiter.Request{{Rule: r, Key: "first", Cost: 1}}, make([]limiter.Result, 1))
 	if err != nil || !ok {

@@ -88,7 +88,9 @@ func startOnPausedRedis(t *testing.T, srv *redistest.Server, extra string, while
 func TestStartDecidesByRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	n, _ := startOnPausedRedis(t, srv, "", func() {
+	// A long max_wait and dial_timeout: a node that the machine's load
+	// starves still reads Redis' replies in time once it resumes.
+	n, _ := startOnPausedRedis(t, srv, "dial_timeout 5s\n\t\t\tmax_wait 5s", func() {
 		time.Sleep(300 * time.Millisecond)
 		srv.Resume()
 	})
