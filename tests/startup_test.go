@@ -119,3 +119,62 @@ func TestStartOnHungRedis(t *testing.T) {
 		t.Errorf("caddy did not warn that Redis did not answer at start-up\ncaddy output:\n%s", n.log.String())
 	}
 }
+
+// TestReloadToHungRedisKeepsServing: a reload to a redis block that names
+// another Redis, one that does not answer, waits for the new store's
+// start-up (up to dial_timeout + timeout) while the running configuration
+// keeps serving: no request waits for the reload.
+func TestReloadToHungRedisKeepsServing(t *testing.T) {
+	t.Parallel()
+	up, hung := redistest.Start(t), redistest.Start(t)
+	site := func(redis, extra, body string) string {
+		return fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			%s
+		}
+		zone api {
+			key {header.X-User}
+			rate 1000 1h
+		}
+	}
+	respond %q`, redis, extra, body)
+	}
+	n := startCaddy(t, "", site(up.Addr, "", "v1"))
+	hung.Pause()
+	defer hung.Resume()
+	reloaded := make(chan error, 1)
+	began := time.Now()
+	go func() { reloaded <- n.Reload("", site(hung.Addr, "dial_timeout 2s", "v2")) }()
+	slowest, served := time.Duration(0), 0
+	for {
+		select {
+		case err := <-reloaded:
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(began)
+			t.Logf("the reload took %s; %d requests served meanwhile, the slowest in %s", took, served, slowest)
+			if took < time.Second {
+				t.Fatalf("the reload took %s: it did not wait for the new store's start-up (dial_timeout 2s)", took)
+			}
+			if slowest > time.Second {
+				t.Errorf("a request took %s during the reload: serving paused", slowest)
+			}
+			if r := n.get("/", "X-User: after"); r.Status != 200 || r.Body != "v2" {
+				t.Fatalf("after the reload: %d %q, want 200 v2 (local fallback while Redis hangs)", r.Status, r.Body)
+			}
+			return
+		default:
+		}
+		sent := time.Now()
+		r := n.get("/", "X-User: during")
+		slowest = max(slowest, time.Since(sent))
+		if r.Status != 200 || r.Body != "v1" && r.Body != "v2" {
+			t.Fatalf("during the reload: %d %q", r.Status, r.Body)
+		}
+		served++
+		time.Sleep(20 * time.Millisecond)
+	}
+}
