@@ -42,7 +42,7 @@ func settleLog(n *node) {
 // are counted under reason oom, the log says Redis is out of memory, and
 // the zones keep limiting on local buckets (the default on_error).
 func TestRedisNoEvictionOOM(t *testing.T) {
-	t.Parallel()
+	parallelHeavy(t)
 	r := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
 	n := startCaddy(t, "", fmt.Sprintf(`
 	rate_limit {
