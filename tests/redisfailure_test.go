@@ -36,14 +36,15 @@ func settleLog(n *node) {
 	}
 }
 
-// TestRedisNoEvictionOOM floods a node whose Redis has maxmemory 8mb and
-// the default policy noeviction: the node warns at start that the policy
-// lets buckets fill Redis (naming volatile-ttl), the failed script calls
-// are counted under reason oom, the log says Redis is out of memory, and
-// the zones keep limiting on local buckets (the default on_error).
+// TestRedisNoEvictionOOM floods a node whose Redis has maxmemory 3mb and
+// the default policy noeviction with 30,000 new keys (about 4 MB of
+// buckets): the node warns at start that the policy lets buckets fill
+// Redis (naming volatile-ttl), the failed script calls are counted under
+// reason oom, the log says Redis is out of memory, and the zones keep
+// limiting on local buckets (the default on_error).
 func TestRedisNoEvictionOOM(t *testing.T) {
 	parallelHeavy(t)
-	r := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
+	r := redistest.Start(t, "--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
 	n := startCaddy(t, "", fmt.Sprintf(`
 	rate_limit {
 		redis {
@@ -61,7 +62,7 @@ func TestRedisNoEvictionOOM(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := keyflood.Run(ctx, keyflood.Flood{Addr: strings.TrimPrefix(n.URL, "http://"), Prefix: "f-", Requests: 100_000})
+	res, err := keyflood.Run(ctx, keyflood.Flood{Addr: strings.TrimPrefix(n.URL, "http://"), Prefix: "f-", Requests: 30_000})
 	if err != nil {
 		t.Fatal(err)
 	}
