@@ -83,7 +83,7 @@ func quantiles(ds []time.Duration) (p50, p99 time.Duration) {
 // /rate_limit/denials answer within the store's timeout and a margin, with
 // the last values read, marked stale with the time they were read.
 func TestAdminAPINeverWaitsOnStalledRedis(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	const timeout = 50 * time.Millisecond
 	site := fmt.Sprintf(`

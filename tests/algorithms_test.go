@@ -78,7 +78,7 @@ func TestAlgorithmsThroughCaddy(t *testing.T) {
 // the requests are admitted one every 100 ms, each told its delay, and
 // those that would wait beyond max_delay are denied.
 func TestLeakyBucketShapes(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	stores(t, func(t *testing.T, redis string) {
 		n := startCaddy(t, "debug", fmt.Sprintf(`
 	rate_limit {

@@ -37,7 +37,6 @@ func TestMain(m *testing.M) {
 	// that needs it is selected, and waited for before the binaries are
 	// removed.
 	flag.Parse()
-	setParallel()
 	skewed := selected(skewedTests)
 	if skewed {
 		go func() { _, _ = buildSkewedCaddy() }()

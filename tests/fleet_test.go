@@ -42,7 +42,7 @@ func redisBlock(r *redistest.Server) string {
 // one Redis admit, for every bucket, no more than burst + rate x elapsed,
 // and no less than 98% of it while demand exceeds supply.
 func TestFleetExactness(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	sc := localfleet.Exactness(redisBlock(r))
 	nodes := startFleet(t, 3, sc.Site)
@@ -93,7 +93,7 @@ func scriptCalls(t *testing.T, r *redistest.Server) int64 {
 // flood from its deny cache, asking Redis about once per refill interval,
 // and the fleet still admits exactly the bound.
 func TestFleetDenyCache(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	sc := localfleet.Flood(redisBlock(r))
 	nodes := startFleet(t, 3, sc.Site)
@@ -139,7 +139,7 @@ func redisClients(t *testing.T, r *redistest.Server) int {
 // fails, Redis connections do not pile up, bucket state survives, and the
 // new limit governs afterwards.
 func TestFleetReloadUnderLoad(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	site := func(rate int) string {
 		return fmt.Sprintf(`
@@ -277,7 +277,7 @@ func checkNewLimitGoverns(t *testing.T, nodes []*localfleet.Node, targets []*loc
 // exact bound. A limiter that stamped time on the node would hand the
 // node that is ahead a full bucket on every request.
 func TestFleetClockSkew(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	skewed := skewedCaddy(t)
 	r := redistest.Start(t)
 	sc := localfleet.Exactness(redisBlock(r))

@@ -30,7 +30,7 @@ import (
 // schedule: a node asks the store once per prefetch at most, or once per
 // pause).
 func TestFleetPrefetch(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	cases := localfleet.PrefetchCases()
 	nodes := startFleet(t, 3, localfleet.PrefetchSite(redisBlock(r), cases))

@@ -81,7 +81,7 @@ func getLimited(ctx context.Context, cl *http.Client, url string, headers ...str
 // While bulk is shed, critical gets every token it asks for, and the two
 // together stay within the exact bound burst + rate x elapsed.
 func TestPriority(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	const (
 		rate, burst  = 100, 100
 		criticalRate = 40 // per second, well below the zone's rate

@@ -43,7 +43,7 @@ func settleLog(n *node) {
 // reason oom, the log says Redis is out of memory, and the zones keep
 // limiting on local buckets (the default on_error).
 func TestRedisNoEvictionOOM(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t, "--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
 	n := startCaddy(t, "", fmt.Sprintf(`
 	rate_limit {

@@ -48,7 +48,7 @@ const reloadSite = `
 // descriptors and resident memory come back to what they were after a
 // first reload (within the checker's margins), and it logs both.
 func TestReloadHygiene(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	r := redistest.Start(t)
 	nodes := make([]*localfleet.Node, 3)
 	var wg sync.WaitGroup

@@ -17,7 +17,7 @@ import (
 // than its fair part, is turned away (429, charged nothing). (It was: the
 // second key's 11th request answered 429 with 89 tokens left.)
 func TestSoftShedRoomFairShare(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	n := startCaddy(t, "", `
 	rate_limit {
 		zone api {

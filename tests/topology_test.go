@@ -18,7 +18,7 @@ import (
 // slots: they are decided with one call per slot, and refunded when the
 // other slot denies.
 func TestClusterFleetExactness(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	block := fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", strings.Join(c.Addrs(), " "))
 	sc := localfleet.Exactness(block)
@@ -55,7 +55,7 @@ func TestClusterFleetExactness(t *testing.T) {
 // lost (nothing fails open, no error) and nothing is admitted beyond the
 // bound.
 func TestClusterReshardUnderLoad(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	block := fmt.Sprintf("redis {\n\t\t\taddress %s\n\t\t\ttimeout 2s\n\t\t}", strings.Join(c.Addrs(), " "))
 	site := fmt.Sprintf(`
@@ -114,7 +114,7 @@ func TestClusterReshardUnderLoad(t *testing.T) {
 // zones apply their policy meanwhile (deny: 503), the limiter follows the
 // failover within 15 seconds, and exact limiting resumes on the new master.
 func TestSentinelFailover(t *testing.T) {
-	parallelHeavy(t)
+	t.Parallel()
 	st := redistest.StartSentinel(t, redistest.WithPassword("data-pw"), redistest.WithSentinelPassword("sentinel-pw"))
 	site := fmt.Sprintf(`
 	rate_limit {
