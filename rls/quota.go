@@ -44,7 +44,7 @@ func (c *call) answerQuotaOver() *rlsv3.RateLimitResponse {
 	resp := c.answer(limiter.Denied)
 	for i, it := range c.items {
 		if it.rule != nil && isQuota(it.rule) {
-			resp.Statuses[i] = c.overStatus(it)
+			resp.Statuses[i] = c.overStatus(it, new(statusSpace))
 		}
 	}
 	resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT

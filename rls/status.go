@@ -14,10 +14,9 @@ import (
 // order, and OVER_LIMIT overall when any status is (never UNKNOWN, on
 // which Envoy asserts).
 func (c *call) answer(out limiter.Outcome) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(c.items))}
+	resp, space := newAnswer(len(c.items))
 	for i, it := range c.items {
-		st := c.status(it)
+		st := c.status(it, &space[i])
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -26,7 +25,44 @@ func (c *call) answer(out limiter.Outcome) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-// status is one descriptor's status, as the reference reports it:
+// statusSpace is the memory of one descriptor's status.
+type statusSpace struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	until  durationpb.Duration // its duration_until_reset, when it has one
+}
+
+// oneAnswer is the memory of an answer of one descriptor (Envoy's usual
+// call), taken in one allocation rather than four.
+type oneAnswer struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	space    [1]statusSpace
+}
+
+// newAnswer returns an OK response with room for n statuses, and the
+// space to build them in.
+func newAnswer(n int) (*rlsv3.RateLimitResponse, []statusSpace) {
+	if n == 1 {
+		a := new(oneAnswer)
+		a.resp.OverallCode = rlsv3.RateLimitResponse_OK
+		a.resp.Statuses = a.statuses[:]
+		return &a.resp, a.space[:]
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	return resp, make([]statusSpace, n)
+}
+
+// duration returns d as sp's duration_until_reset, as durationpb.New
+// makes it.
+func (sp *statusSpace) duration(d time.Duration) *durationpb.Duration {
+	n := d.Nanoseconds()
+	sp.until.Seconds, sp.until.Nanos = n/1e9, int32(n%1e9)
+	return &sp.until
+}
+
+// status is one descriptor's status, built in sp, as the reference
+// reports it:
 //   - no rule: OK and nothing else;
 //   - an unlimited rule: OK with limit_remaining the largest uint32;
 //   - a rule over its limit: OVER_LIMIT, limit_remaining 0, and the time
@@ -37,50 +73,59 @@ func (c *call) answer(out limiter.Outcome) *rlsv3.RateLimitResponse {
 //     is full again (a fixed window: until it ends);
 //   - a rule the store could not decide (on_error allow, or a rule that
 //     another's policy answered for): OK with limit_remaining 0.
-func (c *call) status(it item) *rlsv3.RateLimitResponse_DescriptorStatus {
+func (c *call) status(it item, sp *statusSpace) *rlsv3.RateLimitResponse_DescriptorStatus {
+	const ok = rlsv3.RateLimitResponse_OK
+	st := &sp.status
 	switch {
 	case it.rule == nil:
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok}
+		return st
 	case it.rule.limit.Unlimited:
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, LimitRemaining: math.MaxUint32}
+		return st
 	case it.rule.never():
 		if it.rule.soft() {
-			return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: it.rule.current}
+			*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, CurrentLimit: it.rule.current}
+			return st
 		}
-		return c.overStatus(it)
+		return c.overStatus(it, sp)
 	case it.req < 0 || it.req >= len(c.results):
 		// Not decided: a rule that admits nothing denied the call first.
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: it.rule.current}
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, CurrentLimit: it.rule.current}
+		return st
 	}
 	res := &c.results[it.req]
 	switch {
 	case !res.Allowed:
-		return c.overStatus(it)
+		return c.overStatus(it, sp)
 	case res.Unknown:
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: it.rule.current}
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, CurrentLimit: it.rule.current}
 	case res.DryRun:
-		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: it.rule.current,
-			DurationUntilReset: durationpb.New(untilPass(it, res))}
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{Code: ok, CurrentLimit: it.rule.current,
+			DurationUntilReset: sp.duration(untilPass(it, res))}
+	default:
+		*st = rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:               ok,
+			CurrentLimit:       it.rule.current,
+			LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
+			DurationUntilReset: sp.duration(untilReset(it, res)),
+		}
 	}
-	return &rlsv3.RateLimitResponse_DescriptorStatus{
-		Code:               rlsv3.RateLimitResponse_OK,
-		CurrentLimit:       it.rule.current,
-		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(untilReset(it, res)),
-	}
+	return st
 }
 
-// overStatus is the status of a descriptor over its limit.
-func (c *call) overStatus(it item) *rlsv3.RateLimitResponse_DescriptorStatus {
+// overStatus is the status of a descriptor over its limit, built in sp.
+func (c *call) overStatus(it item, sp *statusSpace) *rlsv3.RateLimitResponse_DescriptorStatus {
 	var res *limiter.Result
 	if it.req >= 0 && it.req < len(c.results) {
 		res = &c.results[it.req]
 	}
-	return &rlsv3.RateLimitResponse_DescriptorStatus{
+	sp.status = rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OVER_LIMIT,
 		CurrentLimit:       it.rule.current,
-		DurationUntilReset: durationpb.New(untilPass(it, res)),
+		DurationUntilReset: sp.duration(untilPass(it, res)),
 	}
+	return &sp.status
 }
 
 // untilPass is how long until a descriptor over its limit can pass: the
