@@ -99,109 +99,127 @@ func TestNoAnswerAfterDeadline(t *testing.T) {
 // end ends it, and a context derived from it ends with it.
 func TestDecisionContext(t *testing.T) {
 	t.Parallel()
-	const left = 400 * time.Millisecond
-	t.Run("deadline", func(t *testing.T) {
-		t.Parallel()
-		parent, cancelParent := context.WithTimeout(context.Background(), left)
-		defer cancelParent()
-		before := time.Now()
+	t.Run("deadline", decisionContextDeadline)
+	t.Run("done before the deadline", decisionContextDoneBeforeDeadline)
+	t.Run("the call ends", decisionContextCallEnds)
+	t.Run("cancel", decisionContextCancel)
+}
+
+// decisionContextLeft is the time a call has left in TestDecisionContext.
+const decisionContextLeft = 400 * time.Millisecond
+
+// decisionContextDeadline lets the decision's context reach its deadline, Done asked for or not.
+func decisionContextDeadline(t *testing.T) {
+	const left = decisionContextLeft
+	t.Parallel()
+	parent, cancelParent := context.WithTimeout(context.Background(), left)
+	defer cancelParent()
+	before := time.Now()
+	ctx, cancel := decisionContext(parent)
+	defer cancel()
+	pd, _ := parent.Deadline()
+	d, ok := ctx.Deadline()
+	if !ok || d.Before(before.Add(pd.Sub(before)/2)) || d.After(pd.Add(-pd.Sub(time.Now())/2)) {
+		t.Fatalf("deadline %v (%v), want half of the %s left before %v", d, ok, left, pd)
+	}
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("Err before the deadline: %v", err)
+	}
+	time.Sleep(time.Until(d))
+	for end := time.Now().Add(left); ctx.Err() == nil && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err past the deadline, Done never asked for: %v, want %v", err, context.DeadlineExceeded)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(left):
+		t.Fatalf("Done asked for after the deadline: not closed %s later", left)
+	}
+	if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err after Done: %v, want %v", err, context.DeadlineExceeded)
+	}
+}
+
+// decisionContextDoneBeforeDeadline asks for Done first: it closes at the deadline, and a derived context ends with it.
+func decisionContextDoneBeforeDeadline(t *testing.T) {
+	const left = decisionContextLeft
+	t.Parallel()
+	parent, cancelParent := context.WithTimeout(context.Background(), left)
+	defer cancelParent()
+	ctx, cancel := decisionContext(parent)
+	defer cancel()
+	child, cancelChild := context.WithCancel(ctx)
+	defer cancelChild()
+	d, _ := ctx.Deadline()
+	select {
+	case <-ctx.Done():
+	case <-time.After(left):
+		t.Fatalf("Done not closed at the deadline")
+	}
+	if now := time.Now(); now.Before(d) {
+		t.Fatalf("Done closed %s before the deadline", d.Sub(now))
+	}
+	select {
+	case <-child.Done():
+	case <-time.After(left):
+		t.Fatalf("a derived context did not end with the decision's")
+	}
+	if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err: %v, want %v", err, context.DeadlineExceeded)
+	}
+	if child.Value(valueKey{}) != nil || ctx.Value(valueKey{}) != nil {
+		t.Fatalf("a value nobody set")
+	}
+}
+
+// decisionContextCallEnds ends the call: the decision's context ends too, armed or not, and keeps the call's values.
+func decisionContextCallEnds(t *testing.T) {
+	const left = decisionContextLeft
+	t.Parallel()
+	for _, armed := range []bool{false, true} {
+		base := context.WithValue(context.Background(), valueKey{}, "v")
+		parent, cancelParent := context.WithTimeout(base, left)
 		ctx, cancel := decisionContext(parent)
-		defer cancel()
-		pd, _ := parent.Deadline()
-		d, ok := ctx.Deadline()
-		if !ok || d.Before(before.Add(pd.Sub(before)/2)) || d.After(pd.Add(-pd.Sub(time.Now())/2)) {
-			t.Fatalf("deadline %v (%v), want half of the %s left before %v", d, ok, left, pd)
+		if armed {
+			ctx.Done()
 		}
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("Err before the deadline: %v", err)
-		}
-		time.Sleep(time.Until(d))
-		for end := time.Now().Add(left); ctx.Err() == nil && time.Now().Before(end); {
-			time.Sleep(time.Millisecond)
-		}
-		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Err past the deadline, Done never asked for: %v, want %v", err, context.DeadlineExceeded)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(left):
-			t.Fatalf("Done asked for after the deadline: not closed %s later", left)
-		}
-		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Err after Done: %v, want %v", err, context.DeadlineExceeded)
-		}
-	})
-	t.Run("done before the deadline", func(t *testing.T) {
-		t.Parallel()
-		parent, cancelParent := context.WithTimeout(context.Background(), left)
-		defer cancelParent()
-		ctx, cancel := decisionContext(parent)
-		defer cancel()
-		child, cancelChild := context.WithCancel(ctx)
-		defer cancelChild()
-		d, _ := ctx.Deadline()
-		select {
-		case <-ctx.Done():
-		case <-time.After(left):
-			t.Fatalf("Done not closed at the deadline")
-		}
-		if now := time.Now(); now.Before(d) {
-			t.Fatalf("Done closed %s before the deadline", d.Sub(now))
-		}
-		select {
-		case <-child.Done():
-		case <-time.After(left):
-			t.Fatalf("a derived context did not end with the decision's")
-		}
-		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Err: %v, want %v", err, context.DeadlineExceeded)
-		}
-		if child.Value(valueKey{}) != nil || ctx.Value(valueKey{}) != nil {
-			t.Fatalf("a value nobody set")
-		}
-	})
-	t.Run("the call ends", func(t *testing.T) {
-		t.Parallel()
-		for _, armed := range []bool{false, true} {
-			base := context.WithValue(context.Background(), valueKey{}, "v")
-			parent, cancelParent := context.WithTimeout(base, left)
-			ctx, cancel := decisionContext(parent)
-			if armed {
-				ctx.Done()
-			}
-			cancelParent()
-			if err := ctx.Err(); !errors.Is(err, context.Canceled) {
-				t.Fatalf("armed %v: Err once the call ended: %v, want %v", armed, err, context.Canceled)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(left):
-				t.Fatalf("armed %v: Done not closed when the call ended", armed)
-			}
-			if v := ctx.Value(valueKey{}); v != "v" {
-				t.Fatalf("armed %v: the call's value: %v", armed, v)
-			}
-			cancel()
-		}
-	})
-	t.Run("cancel", func(t *testing.T) {
-		t.Parallel()
-		parent, cancelParent := context.WithTimeout(context.Background(), left)
-		defer cancelParent()
-		ctx, cancel := decisionContext(parent)
-		cancel()
+		cancelParent()
 		if err := ctx.Err(); !errors.Is(err, context.Canceled) {
-			t.Fatalf("Err after cancel: %v, want %v", err, context.Canceled)
+			t.Fatalf("armed %v: Err once the call ended: %v, want %v", armed, err, context.Canceled)
 		}
 		select {
 		case <-ctx.Done():
-		default:
-			t.Fatalf("Done asked for after cancel: not closed")
+		case <-time.After(left):
+			t.Fatalf("armed %v: Done not closed when the call ended", armed)
 		}
-		if parent.Err() != nil {
-			t.Fatalf("cancel ended the call's context: %v", parent.Err())
+		if v := ctx.Value(valueKey{}); v != "v" {
+			t.Fatalf("armed %v: the call's value: %v", armed, v)
 		}
-	})
+		cancel()
+	}
+}
+
+// decisionContextCancel cancels the decision's context, and not the call's.
+func decisionContextCancel(t *testing.T) {
+	const left = decisionContextLeft
+	t.Parallel()
+	parent, cancelParent := context.WithTimeout(context.Background(), left)
+	defer cancelParent()
+	ctx, cancel := decisionContext(parent)
+	cancel()
+	if err := ctx.Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Err after cancel: %v, want %v", err, context.Canceled)
+	}
+	select {
+	case <-ctx.Done():
+	default:
+		t.Fatalf("Done asked for after cancel: not closed")
+	}
+	if parent.Err() != nil {
+		t.Fatalf("cancel ended the call's context: %v", parent.Err())
+	}
 }
 
 // valueKey is a context key of TestDecisionContext.
