@@ -79,5 +79,24 @@ if $pkgs; then
 	exec go test -race -count=1 "$@"
 fi
 # ./tests first: it runs longest (real Caddy, Redis and Chromium processes),
-# and go test starts packages in the order given, two at a time.
-exec go test -race -count=1 ./tests ./... "$@"
+# and go test starts packages in the order given, two at a time. Its tests
+# run one package's tests at a time, while the other packages take far less
+# together; so the tests of ./tests that spend their time in windows of
+# load and faults (seconds that no CPU shortens) run in a second go test
+# process beside them, its output printed when both are done.
+for arg in "$@"; do
+	case "$arg" in -run | -run=* | -skip | -skip=* | -test.run* | -test.skip*)
+		exec go test -race -count=1 ./tests ./... "$@" ;;
+	esac
+done
+beside='^(TestChaos|TestOutageFailover|TestOutagePause|TestOutageEmptyRestart|TestReloadHygiene|TestFleetReloadUnderLoad)$'
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+go test -race -count=1 -run "$beside" ./tests "$@" >"$out" 2>&1 &
+second=$!
+rc=0
+go test -race -count=1 -skip "$beside" ./tests ./... "$@" || rc=$?
+wait "$second" || rc=$?
+echo "--- the tests of ./tests run beside the others ($beside):"
+cat "$out"
+exit "$rc"
