@@ -78,25 +78,35 @@ done
 if $pkgs; then
 	exec go test -race -count=1 "$@"
 fi
-# ./tests first: it runs longest (real Caddy, Redis and Chromium processes),
-# and go test starts packages in the order given, two at a time. Its tests
-# run one package's tests at a time, while the other packages take far less
-# together; so the tests of ./tests that spend their time in windows of
-# load and faults (seconds that no CPU shortens) run in a second go test
-# process beside them, its output printed when both are done.
+# ./tests runs longest (real Caddy, Redis and Chromium processes), its
+# tests one package's at a time, while the other packages take far less
+# together. So two go test processes share the machine: one runs ./tests,
+# the other the other packages and then the tests of ./tests in $beside,
+# whose time is windows of load and faults (seconds no CPU shortens) and
+# TestFleetPrefetch, which must offer its load on a machine that ./tests'
+# heavier half has left. Its output is printed when both are done.
 for arg in "$@"; do
 	case "$arg" in -run | -run=* | -skip | -skip=* | -test.run* | -test.skip*)
 		exec go test -race -count=1 ./tests ./... "$@" ;;
 	esac
 done
-beside='^(TestChaos|TestOutageFailover|TestOutagePause|TestOutageEmptyRestart|TestReloadHygiene|TestFleetReloadUnderLoad)$'
+beside='^(TestChaos|TestOutageFailover|TestOutagePause|TestOutageEmptyRestart|TestReloadHygiene|TestFleetReloadUnderLoad|TestFleetPrefetch)$'
+others=()
+while IFS= read -r pkg; do
+	[ "$pkg" != "$(go list ./tests)" ] && others+=("$pkg")
+done < <(go list ./...)
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-go test -race -count=1 -run "$beside" ./tests "$@" >"$out" 2>&1 &
+{
+	rc=0
+	go test -race -count=1 "${others[@]}" "$@" || rc=$?
+	go test -race -count=1 -run "$beside" ./tests "$@" || rc=$?
+	exit "$rc"
+} >"$out" 2>&1 &
 second=$!
 rc=0
-go test -race -count=1 -skip "$beside" ./tests ./... "$@" || rc=$?
+go test -race -count=1 -skip "$beside" ./tests "$@" || rc=$?
 wait "$second" || rc=$?
-echo "--- the tests of ./tests run beside the others ($beside):"
+echo "--- the other packages, then the tests of ./tests in $beside:"
 cat "$out"
 exit "$rc"
