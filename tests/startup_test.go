@@ -123,7 +123,9 @@ func TestStartOnHungRedis(t *testing.T) {
 // TestReloadToHungRedisKeepsServing: a reload to a redis block that names
 // another Redis, one that does not answer, waits for the new store's
 // start-up (up to dial_timeout + timeout) while the running configuration
-// keeps serving: no request waits for the reload.
+// keeps serving: no request waits for the reload. A request that paused
+// for it would wait out most of it; one slowed by a busy machine waits far
+// less, so the bound is half the reload's time (dial_timeout 4s).
 func TestReloadToHungRedisKeepsServing(t *testing.T) {
 	t.Parallel()
 	up, hung := redistest.Start(t), redistest.Start(t)
@@ -146,7 +148,7 @@ func TestReloadToHungRedisKeepsServing(t *testing.T) {
 	defer hung.Resume()
 	reloaded := make(chan error, 1)
 	began := time.Now()
-	go func() { reloaded <- n.Reload("", site(hung.Addr, "dial_timeout 2s", "v2")) }()
+	go func() { reloaded <- n.Reload("", site(hung.Addr, "dial_timeout 4s", "v2")) }()
 	slowest, served := time.Duration(0), 0
 	for {
 		select {
@@ -157,10 +159,10 @@ func TestReloadToHungRedisKeepsServing(t *testing.T) {
 			took := time.Since(began)
 			t.Logf("the reload took %s; %d requests served meanwhile, the slowest in %s", took, served, slowest)
 			if took < time.Second {
-				t.Fatalf("the reload took %s: it did not wait for the new store's start-up (dial_timeout 2s)", took)
+				t.Fatalf("the reload took %s: it did not wait for the new store's start-up (dial_timeout 4s)", took)
 			}
-			if slowest > time.Second {
-				t.Errorf("a request took %s during the reload: serving paused", slowest)
+			if slowest > took/2 {
+				t.Errorf("a request took %s during the reload of %s: serving paused", slowest, took)
 			}
 			if r := n.get("/", "X-User: after"); r.Status != 200 || r.Body != "v2" {
 				t.Fatalf("after the reload: %d %q, want 200 v2 (local fallback while Redis hangs)", r.Status, r.Body)
