@@ -627,3 +627,15 @@ func (s *RedisStore) ctxErr(ctx context.Context) error {
 
 // Interface guard.
 var _ Store = (*RedisStore)(nil)
+
+// cancelOnClose calls cancel, ctx's, when the store closes first: the
+// store's own background round trips end with it.
+func (s *RedisStore) cancelOnClose(ctx context.Context, cancel context.CancelFunc) {
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+}

@@ -56,13 +56,7 @@ func (s *RedisStore) Timeout() time.Duration { return s.timeout }
 func (s *RedisStore) probeIdle() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	s.cancelOnClose(ctx, cancel)
 	t := time.NewTicker(probeInterval)
 	defer t.Stop()
 	last := s.trips.Load()

@@ -23,13 +23,7 @@ func (s *RedisStore) warm(timeout time.Duration) {
 	defer func() { s.warmedAt.Store(s.stall.mark().at) }()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	s.cancelOnClose(ctx, cancel)
 	err := checkCredentials(ctx, s.client)
 	if errors.Is(err, ErrRedisCredentials) {
 		s.log.Error("redis refuses the rate limit store's credentials; every decision fails and takes its zone's on_error policy",
