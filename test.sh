@@ -81,16 +81,18 @@ fi
 # ./tests runs longest (real Caddy, Redis and Chromium processes), its
 # tests one package's at a time, while the other packages take far less
 # together. So two go test processes share the machine: one runs ./tests,
-# the other the other packages and then the tests of ./tests in $beside,
-# whose time is windows of load and faults (seconds no CPU shortens) and
-# TestFleetPrefetch, which must offer its load on a machine that ./tests'
-# heavier half has left. Its output is printed when both are done.
+# the other the other packages and then the tests of ./tests in $beside:
+# the outage tests, whose time is windows of load and faults (seconds no
+# CPU shortens), and TestFleetPrefetch, which must offer its load on a
+# machine that ./tests' heavier half has left. They take about as long as
+# the two processes would otherwise differ. Its output is printed when both
+# are done.
 for arg in "$@"; do
 	case "$arg" in -run | -run=* | -skip | -skip=* | -test.run* | -test.skip*)
 		exec go test -race -count=1 ./tests ./... "$@" ;;
 	esac
 done
-beside='^(TestChaos|TestOutageFailover|TestOutagePause|TestOutageEmptyRestart|TestReloadHygiene|TestFleetReloadUnderLoad|TestFleetPrefetch)$'
+beside='^(TestOutageFailover|TestOutagePause|TestOutageEmptyRestart|TestFleetPrefetch)$'
 others=()
 while IFS= read -r pkg; do
 	[ "$pkg" != "$(go list ./tests)" ] && others+=("$pkg")
